@@ -16,7 +16,7 @@ from ctrlgen.errors import AssetError
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-__all__ = ["load_spacy", "sentence_encoder_dir", "load_sentence_encoder", "offline_env"]
+__all__ = ["load_sentence_encoder", "load_spacy", "offline_env", "sentence_encoder_dir"]
 
 
 def offline_env() -> None:

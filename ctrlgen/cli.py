@@ -117,9 +117,10 @@ def cmd_model(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
         ids = tok(args.prompt, return_tensors="pt")
         torch.manual_seed(0)
         with torch.no_grad():
-            out = model.generate(**ids, max_new_tokens=args.max_new_tokens, do_sample=False,
-                                 pad_token_id=tok.pad_token_id)
-        print(tok.decode(out[0][ids["input_ids"].shape[1]:], skip_special_tokens=True))
+            out = model.generate(  # type: ignore[operator]
+                **ids, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id
+            )
+        print(tok.decode(out[0][ids["input_ids"].shape[1] :], skip_special_tokens=True))
     return 0
 
 
@@ -137,15 +138,27 @@ def cmd_assets(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
 
 
 _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]] = {
-    "demo": (cmd_demo, "Main job on the embedded default: generate the demo corpus, read it, extract its "
-             "known entities, print control codes. Grows as stages land."),
-    "demo-corpus": (cmd_demo_corpus, "Write the project's MIMIC-format demo corpus (NOTEEVENTS columns, "
-                    "[**...**] placeholders) as Parquet shards or CSV; deterministic by seed."),
-    "ingest": (cmd_ingest, "Read a corpus (mimic, physionet, tab, aci, generic) into the ctrlgen document "
-               "schema: <output_dir>/documents/*.parquet plus quarantine.parquet; prints counts."),
+    "demo": (
+        cmd_demo,
+        "Main job on the embedded default: generate the demo corpus, read it, extract its "
+        "known entities, print control codes. Grows as stages land.",
+    ),
+    "demo-corpus": (
+        cmd_demo_corpus,
+        "Write the project's MIMIC-format demo corpus (NOTEEVENTS columns, "
+        "[**...**] placeholders) as Parquet shards or CSV; deterministic by seed.",
+    ),
+    "ingest": (
+        cmd_ingest,
+        "Read a corpus (mimic, physionet, tab, aci, generic) into the ctrlgen document "
+        "schema: <output_dir>/documents/*.parquet plus quarantine.parquet; prints counts.",
+    ),
     "codes": (cmd_codes, "Print the control codes of the first `show` ingested documents."),
-    "model": (cmd_model, "prepare: convert the built-in model once; info: load it and describe it; "
-              "generate: greedy continuation of --prompt."),
+    "model": (
+        cmd_model,
+        "prepare: convert the built-in model once; info: load it and describe it; "
+        "generate: greedy continuation of --prompt.",
+    ),
     "assets": (cmd_assets, "Load the offline spaCy pipeline and sentence encoder to check they are installed."),
     "config": (cmd_config, "Print the resolved config (file + overrides + defaults) as YAML."),
 }
@@ -161,8 +174,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     for name, (_, help_text) in _VERBS.items():
-        sp = sub.add_parser(name, help=help_text, description=help_text, epilog=_EPILOG,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         sp.add_argument("--config", "-c", default=None, help="YAML config file (default: built-in defaults).")
         if name == "model":
             sp.add_argument("action", choices=("prepare", "info", "generate"), help="What to do with the model.")

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from ctrlgen.placeholders import placeholder_value
 from ctrlgen.schema import CATEGORIES, Entity
 
-__all__ = ["ControlCode", "code_value", "build_control_code", "format_control_code", "parse_control_code"]
+__all__ = ["ControlCode", "build_control_code", "code_value", "format_control_code", "parse_control_code"]
 
 ControlCode = dict[str, list[str]]
 _WS = re.compile(r"\s+")

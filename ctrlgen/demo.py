@@ -49,25 +49,83 @@ ISERROR_RATE = 0.002
 
 # ---- the project's own word lists (clinical vocabulary, not PHI) ----------------
 _CONDITIONS = (
-    "congestive heart failure", "atrial fibrillation", "COPD exacerbation", "community acquired pneumonia",
-    "urosepsis", "acute kidney injury", "diabetic ketoacidosis", "upper GI bleed", "NSTEMI", "pulmonary embolism",
-    "cellulitis", "alcohol withdrawal", "hepatic encephalopathy", "small bowel obstruction", "syncope",
-    "hypertensive urgency", "acute pancreatitis", "CVA", "subdural hematoma", "aspiration pneumonia",
+    "congestive heart failure",
+    "atrial fibrillation",
+    "COPD exacerbation",
+    "community acquired pneumonia",
+    "urosepsis",
+    "acute kidney injury",
+    "diabetic ketoacidosis",
+    "upper GI bleed",
+    "NSTEMI",
+    "pulmonary embolism",
+    "cellulitis",
+    "alcohol withdrawal",
+    "hepatic encephalopathy",
+    "small bowel obstruction",
+    "syncope",
+    "hypertensive urgency",
+    "acute pancreatitis",
+    "CVA",
+    "subdural hematoma",
+    "aspiration pneumonia",
 )
 _HISTORY = (
-    "CAD s/p CABG", "HTN", "hyperlipidemia", "type 2 diabetes", "CKD stage III", "COPD on home O2", "afib on coumadin",
-    "hypothyroidism", "depression", "GERD", "OSA on CPAP", "prior CVA", "PVD", "breast cancer s/p lumpectomy",
-    "BPH", "osteoarthritis", "cirrhosis", "asthma",
+    "CAD s/p CABG",
+    "HTN",
+    "hyperlipidemia",
+    "type 2 diabetes",
+    "CKD stage III",
+    "COPD on home O2",
+    "afib on coumadin",
+    "hypothyroidism",
+    "depression",
+    "GERD",
+    "OSA on CPAP",
+    "prior CVA",
+    "PVD",
+    "breast cancer s/p lumpectomy",
+    "BPH",
+    "osteoarthritis",
+    "cirrhosis",
+    "asthma",
 )
 _MEDS = (
-    "metoprolol", "lisinopril", "furosemide", "heparin gtt", "insulin sliding scale", "vancomycin", "zosyn",
-    "ceftriaxone", "levofloxacin", "pantoprazole", "aspirin", "atorvastatin", "warfarin", "lorazepam PRN",
-    "morphine PRN", "acetaminophen", "albuterol nebs", "prednisone", "lactulose", "KCl repletion",
+    "metoprolol",
+    "lisinopril",
+    "furosemide",
+    "heparin gtt",
+    "insulin sliding scale",
+    "vancomycin",
+    "zosyn",
+    "ceftriaxone",
+    "levofloxacin",
+    "pantoprazole",
+    "aspirin",
+    "atorvastatin",
+    "warfarin",
+    "lorazepam PRN",
+    "morphine PRN",
+    "acetaminophen",
+    "albuterol nebs",
+    "prednisone",
+    "lactulose",
+    "KCl repletion",
 )
 _FINDINGS = (
-    "lungs with crackles at bases", "abd soft, non-tender", "trace bilateral LE edema", "A&O x3", "MAE, follows commands",
-    "skin warm and dry", "sinus rhythm on monitor", "diminished breath sounds on the right", "bowel sounds present",
-    "pupils equal and reactive", "no acute distress", "mild confusion overnight", "incision clean and dry",
+    "lungs with crackles at bases",
+    "abd soft, non-tender",
+    "trace bilateral LE edema",
+    "A&O x3",
+    "MAE, follows commands",
+    "skin warm and dry",
+    "sinus rhythm on monitor",
+    "diminished breath sounds on the right",
+    "bowel sounds present",
+    "pupils equal and reactive",
+    "no acute distress",
+    "mild confusion overnight",
+    "incision clean and dry",
 )
 _CATEGORIES: tuple[tuple[str, str, float], ...] = (
     ("Nursing/other", "Report", 0.35),
@@ -80,9 +138,18 @@ _CATEGORIES: tuple[tuple[str, str, float], ...] = (
 )
 
 # ---- placeholders, as MIMIC-III writes them -------------------------------------
-_NAME = ("Known lastname", "Last Name (NamePattern1)", "First Name (NamePattern1)", "Name (NI)",
-         "Doctor Last Name", "Doctor First Name", "Female First Name (un)", "Male First Name (un)",
-         "Initials (NamePattern4)", "Last Name (STitle)")
+_NAME = (
+    "Known lastname",
+    "Last Name (NamePattern1)",
+    "First Name (NamePattern1)",
+    "Name (NI)",
+    "Doctor Last Name",
+    "Doctor First Name",
+    "Female First Name (un)",
+    "Male First Name (un)",
+    "Initials (NamePattern4)",
+    "Last Name (STitle)",
+)
 _HOSP = ("Hospital1", "Hospital", "Hospital3", "Hospital Ward Name", "Hospital Unit Name")
 _LOC = ("Location (un)", "Location", "Street Address(1)", "State", "Country")
 _CODE = ("Telephone/Fax (1)", "Medical Record Number", "Numeric Identifier", "MD Number(1)", "Pager number")
@@ -136,8 +203,9 @@ def _nursing(n: _Note) -> str:
             )
         else:
             parts.append(f"{sys_name}: {n.pick(_FINDINGS)}; {n.pick(_MEDS)} given as ordered.")
-    parts.append(f"Plan: {r.choice(('continue current plan', 'wean as tolerated', 'f/u AM labs'))}; "
-                 f"discussed with {n.dr()}.")
+    parts.append(
+        f"Plan: {r.choice(('continue current plan', 'wean as tolerated', 'f/u AM labs'))}; discussed with {n.dr()}."
+    )
     return "\n".join(parts) + "\n"
 
 
@@ -246,7 +314,9 @@ def generate_batch(seed: int, start_row: int, n: int) -> dict[str, list[Any]]:
         cols["HADM_ID"].append(100000 + subject * 3 + rng.randint(0, 2) if rng.random() > 0.05 else None)
         cols["CHARTDATE"].append(date)
         cols["CHARTTIME"].append(f"{date} {hh:02d}:{mm:02d}:00" if cat != "Discharge summary" else None)
-        cols["STORETIME"].append(f"{date} {hh:02d}:{min(59, mm + 7):02d}:00" if cat.startswith(("Nursing", "Phys")) else None)
+        cols["STORETIME"].append(
+            f"{date} {hh:02d}:{min(59, mm + 7):02d}:00" if cat.startswith(("Nursing", "Phys")) else None
+        )
         cols["CATEGORY"].append(cat)
         cols["DESCRIPTION"].append(descr[cat])
         cols["CGID"].append(rng.randint(14000, 21000) if cat.startswith(("Nursing", "Phys")) else None)
@@ -295,7 +365,11 @@ def write_demo_corpus(cfg: DemoCorpusConfig, progress: bool = True) -> Path:
             elapsed = time.perf_counter() - t0
             if progress and (elapsed >= next_report or written == cfg.n_notes):
                 rate = written / max(elapsed, 1e-9)
-                print(f"[demo-corpus] {written:,}/{cfg.n_notes:,} notes ({rate:,.0f} notes/s)", file=sys.stderr, flush=True)
+                print(
+                    f"[demo-corpus] {written:,}/{cfg.n_notes:,} notes ({rate:,.0f} notes/s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 next_report = elapsed + 5.0
     finally:
         if writer is not None:

@@ -5,7 +5,7 @@ Messages name files, rows, columns and offsets, never private text.
 
 from __future__ import annotations
 
-__all__ = ["CtrlgenError", "ConfigError", "CorpusError", "ModelError", "AssetError"]
+__all__ = ["AssetError", "ConfigError", "CorpusError", "CtrlgenError", "ModelError"]
 
 
 class CtrlgenError(Exception):

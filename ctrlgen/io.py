@@ -21,7 +21,7 @@ from ctrlgen.schema import (
     table_to_documents,
 )
 
-__all__ = ["write_records", "read_documents", "iter_documents", "read_quarantine"]
+__all__ = ["iter_documents", "read_documents", "read_quarantine", "write_records"]
 
 
 def write_records(
@@ -66,7 +66,11 @@ def write_records(
         else:
             bad.append(rec)
         if progress and time.perf_counter() - t0 >= next_report:
-            print(f"[{progress}] {report.rows_in:,} rows read, {report.quarantined:,} quarantined", file=sys.stderr, flush=True)
+            print(
+                f"[{progress}] {report.rows_in:,} rows read, {report.quarantined:,} quarantined",
+                file=sys.stderr,
+                flush=True,
+            )
             next_report += 5.0
     flush()
     if shard == 0:  # keep the schema visible even for an empty corpus

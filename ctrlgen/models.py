@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers / huggingface_hub import
 
-from ctrlgen.config import ModelConfig, default_cache_dir  # noqa: E402
-from ctrlgen.errors import ModelError  # noqa: E402
+from ctrlgen.config import ModelConfig, default_cache_dir
+from ctrlgen.errors import ModelError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -107,9 +107,7 @@ def prepare_builtin(name: str = "smollm2-135m", cache_dir: str | os.PathLike[str
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-        quantized = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, local_files_only=True
-        )
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         # The GGUF weights are dequantised to float32 on load, but the model stays
         # marked as GGUF-quantised and refuses save_pretrained: copy the weights
         # into a plain model built from the same config.
@@ -156,9 +154,7 @@ def tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerBase:
         show_progress=False,
     )
     bpe.train_from_iterator(_TINY_TEXT.splitlines(), trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 
 def tiny_llama(seed: int = 0, **overrides: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -192,9 +188,7 @@ def tiny_llama(seed: int = 0, **overrides: Any) -> tuple[PreTrainedModel, PreTra
     return model, tok
 
 
-def load_causal_lm(
-    model: ModelConfig | str, *, seed: int = 0
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_causal_lm(model: ModelConfig | str, *, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Resolve a model name (see module doc) and load the causal LM and tokenizer, offline.
 
     Raises:
@@ -209,9 +203,7 @@ def load_causal_lm(
     where = resolve_model_dir(cfg.name, cfg.cache_dir)
     try:
         tok = AutoTokenizer.from_pretrained(where, local_files_only=True)
-        lm = AutoModelForCausalLM.from_pretrained(
-            where, local_files_only=True, dtype=getattr(torch, cfg.dtype)
-        )
+        lm = AutoModelForCausalLM.from_pretrained(where, local_files_only=True, dtype=getattr(torch, cfg.dtype))
     except OSError as exc:
         raise ModelError(
             f"model {cfg.name!r} is not a built-in name ({', '.join(BUILTIN_MODELS)}), not a local "

@@ -15,7 +15,7 @@ import re
 
 from ctrlgen.schema import Entity
 
-__all__ = ["PLACEHOLDER", "placeholder_type", "placeholder_entities", "placeholder_value"]
+__all__ = ["PLACEHOLDER", "placeholder_entities", "placeholder_type", "placeholder_value"]
 
 PLACEHOLDER = re.compile(r"\[\*\*(.{0,80}?)\*\*\]", re.S)
 

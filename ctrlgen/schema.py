@@ -29,19 +29,19 @@ import pyarrow as pa
 
 __all__ = [
     "CATEGORIES",
-    "IDENTIFIER_KINDS",
-    "SOURCES",
-    "ENTITY_TYPE",
     "DOCUMENT_SCHEMA",
+    "ENTITY_TYPE",
+    "IDENTIFIER_KINDS",
     "QUARANTINE_SCHEMA",
-    "Entity",
+    "SOURCES",
     "Document",
+    "Entity",
     "Quarantined",
     "documents_to_table",
-    "table_to_documents",
+    "identifier_kinds",
     "quarantine_to_table",
     "select_private",
-    "identifier_kinds",
+    "table_to_documents",
 ]
 
 #: The TAB scheme's eight categories, in the order control codes list them.
@@ -209,9 +209,7 @@ def identifier_kinds(choice: str) -> tuple[str, ...]:
     try:
         return _IDENTIFIER_CHOICES[choice.lower()]
     except KeyError:
-        raise ValueError(
-            f"unknown identifier choice {choice!r}; use one of {sorted(_IDENTIFIER_CHOICES)}"
-        ) from None
+        raise ValueError(f"unknown identifier choice {choice!r}; use one of {sorted(_IDENTIFIER_CHOICES)}") from None
 
 
 def select_private(entities: Sequence[Entity], identifiers: str) -> list[Entity]:

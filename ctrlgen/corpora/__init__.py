@@ -22,7 +22,7 @@ from ctrlgen.corpora.physionet import read_physionet
 from ctrlgen.corpora.tab import read_tab
 from ctrlgen.schema import Document, Quarantined
 
-__all__ = ["READERS", "ReadReport", "Record", "read_corpus", "load_corpus"]
+__all__ = ["READERS", "ReadReport", "Record", "load_corpus", "read_corpus"]
 
 READERS: dict[str, Callable[[Any], Iterator[Record]]] = {
     "mimic": read_mimic,

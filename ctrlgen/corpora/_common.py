@@ -99,9 +99,7 @@ def validate_document(doc: Document, max_chars: int) -> str | None:
     return None
 
 
-def finish(
-    doc: Document, cfg: CorpusCommon, source: str, location: str
-) -> Record:
+def finish(doc: Document, cfg: CorpusCommon, source: str, location: str) -> Record:
     """Filter to the configured identifier kinds, sort, validate; quarantine or raise."""
     keep = identifier_kinds(cfg.identifiers)
     doc.entities = sort_entities(e for e in doc.entities if e.kind in keep)
@@ -111,9 +109,7 @@ def finish(
     return reject(cfg, source, location, reason, doc.doc_id)
 
 
-def reject(
-    cfg: CorpusCommon, source: str, location: str, reason: str, doc_id: str | None = None
-) -> Quarantined:
+def reject(cfg: CorpusCommon, source: str, location: str, reason: str, doc_id: str | None = None) -> Quarantined:
     """Quarantine a row, or raise if the config says bad rows are errors."""
     if cfg.errors == "raise":
         raise CorpusError(f"{source}, {location}: {reason}")
@@ -164,9 +160,7 @@ class ReadReport:
             self.reasons["".join("N" if c.isdigit() else c for c in record.reason)] += 1
 
     def summary(self) -> str:
-        cats = ", ".join(
-            f"{c} {self.entities_by_category[c]}" for c in CATEGORIES if self.entities_by_category[c]
-        )
+        cats = ", ".join(f"{c} {self.entities_by_category[c]}" for c in CATEGORIES if self.entities_by_category[c])
         lines = [
             f"rows in {self.rows_in} = documents out {self.documents} + quarantined {self.quarantined}",
             f"entities {self.entities}" + (f" ({cats})" if cats else ""),

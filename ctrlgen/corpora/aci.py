@@ -18,7 +18,7 @@ from ctrlgen.corpora._common import BadRow, Record, check_no_surrogates, finish,
 from ctrlgen.errors import CorpusError
 from ctrlgen.schema import Document, Entity
 
-__all__ = ["read_aci", "known_value_entities"]
+__all__ = ["known_value_entities", "read_aci"]
 
 _REQUIRED = ("encounter_id",)
 _META_REQUIRED = ("encounter_id", "patient_firstname", "patient_familyname", "patient_age")
@@ -68,10 +68,8 @@ def read_aci(cfg: AciCorpusConfig) -> Iterator[Record]:
         CorpusError: a file is missing or lacks required columns.
     """
     path = require_file(cfg.path, "ACI-Bench CSV")
-    meta_path = require_file(
-        cfg.metadata_path or path.with_name(f"{path.stem}_metadata.csv"), "ACI-Bench metadata CSV"
-    )
-    rows, _ = _read_csv(path, _REQUIRED + (cfg.text_column,))
+    meta_path = require_file(cfg.metadata_path or path.with_name(f"{path.stem}_metadata.csv"), "ACI-Bench metadata CSV")
+    rows, _ = _read_csv(path, (*_REQUIRED, cfg.text_column))
     meta_rows, _ = _read_csv(meta_path, _META_REQUIRED)
     meta = {(m.get("dataset"), m["encounter_id"]): m for m in meta_rows}
     yield from limited(_docs(rows, meta, cfg, str(path)), cfg.limit)
@@ -103,6 +101,11 @@ def _docs(
             yield reject(cfg, source, where, str(exc), doc_id)
             continue
         ents = known_value_entities(text, names, m.get("patient_age"))
-        metadata = {"corpus": "aci-bench", "dataset": row.get("dataset"), "encounter_id": enc,
-                    "gender": m.get("patient_gender"), "chief_complaint": m.get("cc")}
+        metadata = {
+            "corpus": "aci-bench",
+            "dataset": row.get("dataset"),
+            "encounter_id": enc,
+            "gender": m.get("patient_gender"),
+            "chief_complaint": m.get("cc"),
+        }
         yield finish(Document(doc_id, text, metadata, ents), cfg, source, where)

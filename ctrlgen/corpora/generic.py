@@ -137,5 +137,7 @@ def _to_record(obj: dict[str, Any] | BadRow, path: Path, where: str, cfg: Generi
     except BadRow as exc:
         return reject(cfg, source, where, str(exc))
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        return reject(cfg, source, where, f"row in ctrlgen schema has malformed metadata/entities ({type(exc).__name__})")
+        return reject(
+            cfg, source, where, f"row in ctrlgen schema has malformed metadata/entities ({type(exc).__name__})"
+        )
     return finish(doc, cfg, source, where)

