@@ -116,6 +116,7 @@ def prepare_builtin(name: str = "smollm2-135m", cache_dir: str | os.PathLike[str
             del config.quantization_config
         plain = AutoModelForCausalLM.from_config(config)
         plain.load_state_dict(quantized.state_dict(), strict=True)
+        _check_same_logits(quantized, plain, tok)
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         plain.save_pretrained(tmp)
@@ -123,6 +124,16 @@ def prepare_builtin(name: str = "smollm2-135m", cache_dir: str | os.PathLike[str
         os.replace(tmp, target)
         _log(f"converted in {time.perf_counter() - t0:.0f} s")
     return target
+
+
+def _check_same_logits(a: Any, b: Any, tok: Any) -> None:
+    import torch
+
+    ids = tok("The patient was admitted to the ICU.", return_tensors="pt")
+    with torch.no_grad():
+        diff = (a.eval()(**ids).logits - b.eval()(**ids).logits).abs().max().item()
+    if diff != 0.0:
+        raise ModelError(f"converted SmolLM2 differs from the GGUF-loaded model (max logit difference {diff})")
 
 
 def resolve_model_dir(name: str, cache_dir: str | os.PathLike[str] | None = None) -> str:
