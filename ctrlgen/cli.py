@@ -95,6 +95,15 @@ def cmd_demo(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_extract(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+    # The Ray job lives outside the core; the CLI only hands it the config.
+    from ray_jobs.extract import run
+
+    summary = run(cfg)
+    print(summary.text())
+    return 0
+
+
 def cmd_model(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     from ctrlgen.models import load_causal_lm, prepare_builtin
 
@@ -152,6 +161,12 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
         cmd_ingest,
         "Read a corpus (mimic, physionet, tab, aci, generic) into the ctrlgen document "
         "schema: <output_dir>/documents/*.parquet plus quarantine.parquet; prints counts.",
+    ),
+    "extract": (
+        cmd_extract,
+        "Ray Data job: entities and control codes for every document, known (gold / "
+        "placeholders) or unknown (extraction.setting=unknown: Presidio) setting, in an actor pool; "
+        "writes <output_dir>/extracted/status=ok|quarantined Parquet and prints counts.",
     ),
     "codes": (cmd_codes, "Print the control codes of the first `show` ingested documents."),
     "model": (

