@@ -104,6 +104,42 @@ def cmd_extract(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+_REPORT_HEAD = """# Entity extraction quality (unknown setting)
+
+Produced by `{command}`; nothing in it is typed by hand.
+
+ctrlgen's engine: Presidio `AnalyzerEngine` with the spaCy pipeline `{spacy}` given explicitly
+(NER only: {disabled} disabled), spaCy NER plus ctrlgen's recognizers ({recognizers}),
+score threshold {threshold}, batched `nlp.pipe`. Stock engine: `AnalyzerEngine` with the same
+spaCy pipeline (all components), all predefined recognizers, threshold 0.
+
+Definitions (ctrlgen/extract/quality.py): a gold span is *detected* (recall) when a predicted
+span overlaps it, *typed* when an overlapping prediction has its category, *exact* when one has
+its offsets; a prediction is *correct* (precision) when it overlaps a gold span. Recall rows
+are by gold category, precision by predicted category. All gold spans count (DIRECT and QUASI).
+
+"""
+
+
+def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+    from ctrlgen.extract.report import extraction_report
+
+    body = extraction_report(cfg, Path(args.physionet), Path(args.tab), args.limit)
+    ex = cfg.extraction
+    command = "ctrlgen extract-report" + (f" --limit {args.limit}" if args.limit else "")
+    head = _REPORT_HEAD.format(
+        command=command,
+        spacy=cfg.nlp.spacy_model,
+        disabled=", ".join(ex.spacy_disable),
+        recognizers=", ".join(ex.recognizers),
+        threshold=ex.score_threshold,
+    )
+    Path(args.out).write_text(head + body)
+    print(body)
+    print(f"written to {args.out}")
+    return 0
+
+
 def cmd_model(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     from ctrlgen.models import load_causal_lm, prepare_builtin
 
@@ -168,6 +204,12 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
         "placeholders) or unknown (extraction.setting=unknown: Presidio) setting, in an actor pool; "
         "writes <output_dir>/extracted/status=ok|quarantined Parquet and prints counts.",
     ),
+    "extract-report": (
+        cmd_extract_report,
+        "Precision / recall per category of the unknown setting (ctrlgen's "
+        "Presidio engine and the stock one) against the gold spans of PhysioNet deid and the TAB "
+        "case; writes docs/extraction.md.",
+    ),
     "codes": (cmd_codes, "Print the control codes of the first `show` ingested documents."),
     "model": (
         cmd_model,
@@ -201,6 +243,11 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("action", choices=("prepare", "info", "generate"), help="What to do with the model.")
             sp.add_argument("--prompt", default="The patient was admitted", help="Prompt for generate.")
             sp.add_argument("--max-new-tokens", type=int, default=30, help="Tokens to generate.")
+        if name == "extract-report":
+            sp.add_argument("--physionet", default="../shared/data/physionet-deid", help="PhysioNet deid directory.")
+            sp.add_argument("--tab", default="../shared/data/tab/echr_dev_sample_001-83927.json", help="TAB JSON.")
+            sp.add_argument("--out", default="docs/extraction.md", help="Markdown file to write.")
+            sp.add_argument("--limit", type=int, default=None, help="Only the first N PhysioNet notes.")
         sp.add_argument("overrides", nargs="*", metavar="key.sub=value", help="Config overrides.")
     return p
 

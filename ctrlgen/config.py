@@ -196,8 +196,8 @@ class ExtractionConfig(_Model):
         description="Recognizers the engine runs (only what the eight categories need).",
     )
     spacy_disable: list[str] = Field(
-        default_factory=lambda: ["tagger", "parser", "attribute_ruler", "lemmatizer"],
-        description="spaCy components NER does not need, disabled for speed.",
+        default_factory=lambda: ["tok2vec", "tagger", "parser", "attribute_ruler", "lemmatizer"],
+        description="spaCy components NER does not need, disabled for speed (en_core_web_sm's ner has its own tok2vec; the shared one only feeds tagger and parser).",
     )
     nlp_batch_size: int = Field(32, ge=1, description="Texts per spaCy nlp.pipe batch.")
     num_actors: int = Field(2, ge=1, description="Ray Data actor pool size (analyzer loaded once per actor).")
