@@ -87,12 +87,30 @@ def cmd_codes(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
 
 def cmd_demo(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     """The main job on the embedded default: the stages that exist, end to end."""
-    print(f"== 1/3 demo corpus ({cfg.demo_corpus.n_notes:,} MIMIC-format notes, seed {cfg.demo_corpus.seed})")
-    cmd_ingest(cfg, args)
-    print("== 2/3 known-setting entities: control codes of the first documents")
-    _print_codes(cfg, Path(cfg.output_dir) / "documents")
-    print("== 3/3 done; outputs in", cfg.output_dir)
+    from ctrlgen.demo import write_demo_corpus
+    from ray_jobs.extract import run
+
+    n = cfg.demo_corpus.n_notes
+    print(f"== 1/3 demo corpus: {n:,} MIMIC-format notes (seed {cfg.demo_corpus.seed})")
+    print(f"   {write_demo_corpus(cfg.demo_corpus)}")
+    print(f"== 2/3 entity extraction on Ray ({cfg.extraction.setting} setting, {cfg.extraction.num_actors} actors)")
+    summary = run(cfg)
+    print(summary.text())
+    print("== 3/3 control codes of the first documents")
+    _print_extracted_codes(cfg, Path(summary.output))
+    print("done; outputs in", cfg.output_dir)
     return 0
+
+
+def _print_extracted_codes(cfg: CtrlgenConfig, extracted: Path) -> None:
+    import pyarrow.dataset as pads
+
+    table = pads.dataset(str(extracted / "status=ok"), format="parquet").head(
+        cfg.show, columns=["doc_id", "entities", "control_code"]
+    )
+    for row in table.to_pylist():
+        print(f"--- control code of document {row['doc_id']} ({len(row['entities'])} private mentions)")
+        print(row["control_code"] or "(no private entities)")
 
 
 def cmd_extract(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:

@@ -97,3 +97,22 @@ def test_bad_csv_rows_are_quarantined_by_the_job(ray_cluster, tmp_path):
     )
     summary = run(cfg)
     assert (summary.rows_in, summary.documents, summary.quarantined) == (4, 1, 3)
+
+
+def test_main_job_runs_end_to_end_on_the_embedded_default(ray_cluster, tmp_path, capsys):
+    from ctrlgen.cli import main
+
+    rc = main(
+        [
+            "demo",
+            "-c",
+            "configs/demo.yaml",
+            "demo_corpus.n_notes=500",
+            f"demo_corpus.output_dir={tmp_path / 'n'}",
+            f"output_dir={tmp_path}",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "rows in 500 = documents out" in out and "--- control code of document" in out
+    assert "PERSON: " in out

@@ -1,7 +1,6 @@
 import pytest
 
 from ctrlgen.cli import main
-from ctrlgen.io import read_documents
 
 
 def test_help_explains_every_verb(capsys):
@@ -11,14 +10,6 @@ def test_help_explains_every_verb(capsys):
     out = capsys.readouterr().out
     for verb in ("demo", "demo-corpus", "ingest", "codes", "model", "assets", "config"):
         assert verb in out
-
-
-def test_demo_runs_end_to_end_on_the_embedded_default(tmp_path, capsys):
-    rc = main(["demo", "demo_corpus.n_notes=200", f"output_dir={tmp_path}", "corpus.identifiers=direct+quasi"])
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert "rows in 200 = documents out" in out and "--- control code of document 1" in out
-    assert len(read_documents(tmp_path / "documents")) > 190
 
 
 def test_ingest_physionet_prints_balanced_counts(tmp_path, shared, capsys):
