@@ -6,10 +6,11 @@ GCS_PORT=${GCS_PORT:-6379}
 TEMP_DIR=${RAY_TEMP_DIR:-/tmp/ray-ctrlgen-$GCS_PORT}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 "${BIN:-$ROOT/.venv/bin}/python" - "$TEMP_DIR" "$GCS_PORT" <<'PY'
-import sys, time, psutil
+import os, sys, psutil
 temp_dir, port = sys.argv[1], sys.argv[2]
+me = {os.getpid(), os.getppid()}  # this script's own command line names the temp dir too
 mine = [p for p in psutil.process_iter(["cmdline"])
-        if any(temp_dir in a or f"--gcs_server_port={port}" in a or f"--gcs-address=127.0.0.1:{port}" in a
+        if p.pid not in me and any(temp_dir in a or f"--gcs_server_port={port}" in a or f"--gcs-address=127.0.0.1:{port}" in a
                for a in (p.info["cmdline"] or []))]
 procs = {p.pid: p for p in mine}
 for p in list(procs.values()):
@@ -17,6 +18,7 @@ for p in list(procs.values()):
         procs.update({c.pid: c for c in p.children(recursive=True)})
     except psutil.Error:
         pass
+procs = {pid: p for pid, p in procs.items() if pid not in me}
 for p in procs.values():
     try:
         p.terminate()

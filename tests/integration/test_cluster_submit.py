@@ -71,3 +71,7 @@ def test_submit_extraction_to_a_token_protected_head(tmp_path):
         assert 390 <= ok <= 400
     finally:
         subprocess.run(["bash", "cluster/stop_head.sh"], cwd=ROOT, env=env, timeout=60)
+    import psutil
+
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if env["RAY_TEMP_DIR"] in " ".join(p.info["cmdline"] or [])]
+    assert left == [], "stop_head.sh left Ray processes running"
