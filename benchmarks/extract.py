@@ -61,6 +61,10 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
+def _dur(seconds: float) -> str:
+    return f"{seconds / 60:,.1f} min" if seconds >= 120 else f"{seconds:,.0f} s"
+
+
 def _rows(table: pa.Table) -> list[dict[str, Any]]:
     return table.to_pylist()
 
@@ -351,7 +355,8 @@ def main() -> None:
         f"proportional to characters (measured {res['ours_physio_chars']:,.0f} chars/s/core on PhysioNet notes); "
         f"the placeholder path's cost per note as on the generated notes; storage keeps up.",
         "",
-        f"- Presidio (unknown) path: {wall_p / 60:,.1f} min; placeholder (known) path: {wall_k / 60:,.1f} min.",
+        f"- Presidio (unknown) path: {_dur(wall_p)}; placeholder (known) path: {_dur(wall_k)} "
+        "(plus cluster start-up and, for Presidio, about 5 s of analyzer loading per actor).",
     ]
     text = "\n".join(lines)
     print(text)

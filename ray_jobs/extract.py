@@ -167,6 +167,9 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
     driver_quarantine: list[Quarantined] = []
     ds, input_kind = _dataset(cfg, driver_quarantine)
     ex = cfg.extraction
+    # Ray 2.60's file reader can hand a whole small corpus over as one block, which only one
+    # actor would get: stream it into blocks of one batch each (no shuffle, no barrier).
+    ds = ds.repartition(target_num_rows_per_block=ex.batch_size)
     out_ds = ds.map_batches(
         ExtractActor,
         fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "input_kind": input_kind},

@@ -82,20 +82,14 @@ def extract_rows(
     if docs:
         try:
             found = extractor(docs)
-        except Exception as exc:  # one bad document must not take the batch down: retry one by one
+        except Exception:  # one bad document must not take the batch down: retry one by one
             found = []
             for d in docs:
                 try:
                     found.extend(extractor([d]))
-                except Exception as one:
-                    out.append(
-                        _quarantine_row(
-                            Quarantined(
-                                source, f"doc {d.doc_id}", f"extraction failed ({type(one).__name__})", d.doc_id
-                            )
-                        )
-                    )
-            del exc
+                except Exception as exc:
+                    reason = f"extraction failed ({type(exc).__name__})"  # the message may quote text
+                    out.append(_quarantine_row(Quarantined(source, f"doc {d.doc_id}", reason, d.doc_id)))
         for d in found:
             private = select_private(d.entities, corpus.identifiers)
             reason = validate_document(Document(d.doc_id, d.text, d.metadata, private), corpus.max_chars)
