@@ -204,7 +204,8 @@ class ExtractionConfig(_Model):
     actor_num_cpus: float = Field(
         1.0, gt=0, description="Logical CPUs per actor (see RAY_NOTES: leave room for reads)."
     )
-    batch_size: int = Field(256, ge=1, description="Documents per map_batches batch.")
+    batch_size: int = Field(256, ge=1, description="Documents per map_batches batch (and per block).")
+    rows_per_file: int = Field(20_000, ge=1, description="Rows the writer gathers per output Parquet file.")
 
 
 class RayConfig(_Model):

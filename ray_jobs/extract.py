@@ -183,7 +183,8 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
         import shutil
 
         shutil.rmtree(out)
-    out_ds.write_parquet(str(out), partition_cols=["status"])
+    # One-batch blocks would make one small file each: the writer buffers to rows_per_file.
+    out_ds.write_parquet(str(out), partition_cols=["status"], min_rows_per_file=ex.rows_per_file)
     if driver_quarantine:
         import pyarrow.parquet as pq
 
