@@ -152,6 +152,10 @@ def _count(out: Path, driver_quarantine: list[Quarantined]) -> tuple[int, int, C
     return ok, quarantined + len(driver_quarantine), cats
 
 
+def _default_rows_per_block(cfg: CtrlgenConfig) -> int:
+    return cfg.extraction.batch_size * (1 if cfg.extraction.setting == "unknown" else 20)
+
+
 def run(cfg: CtrlgenConfig) -> ExtractSummary:
     """Read -> extract in an actor pool -> write partitioned Parquet -> count."""
     import ray
@@ -168,8 +172,10 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
     ds, input_kind = _dataset(cfg, driver_quarantine)
     ex = cfg.extraction
     # Ray 2.60's file reader can hand a whole small corpus over as one block, which only one
-    # actor would get: stream it into blocks of one batch each (no shuffle, no barrier).
-    ds = ds.repartition(target_num_rows_per_block=ex.batch_size)
+    # actor would get: stream it into bounded blocks (no shuffle, no barrier). Presidio blocks
+    # are one batch (seconds of work each); cheap placeholder blocks are larger, or Ray's
+    # per-block overhead would dominate.
+    ds = ds.repartition(target_num_rows_per_block=ex.rows_per_block or _default_rows_per_block(cfg))
     out_ds = ds.map_batches(
         ExtractActor,
         fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "input_kind": input_kind},
