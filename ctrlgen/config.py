@@ -206,7 +206,9 @@ class ExtractionConfig(_Model):
     )
     batch_size: int = Field(256, ge=1, description="Documents per map_batches batch (and per block).")
     rows_per_block: int | None = Field(
-        None, ge=1, description="Rows per Ray Data block fed to the actors; default batch_size for the unknown "
+        None,
+        ge=1,
+        description="Rows per Ray Data block fed to the actors; default batch_size for the unknown "
         "setting, 20 x batch_size for the (cheap) known setting.",
     )
     rows_per_file: int = Field(20_000, ge=1, description="Rows the writer gathers per output Parquet file.")

@@ -88,8 +88,8 @@ def extract_rows(
                 try:
                     found.extend(extractor([d]))
                 except Exception as exc:
-                    reason = f"extraction failed ({type(exc).__name__})"  # the message may quote text
-                    out.append(_quarantine_row(Quarantined(source, f"doc {d.doc_id}", reason, d.doc_id)))
+                    failed = f"extraction failed ({type(exc).__name__})"  # the message may quote text
+                    out.append(_quarantine_row(Quarantined(source, f"doc {d.doc_id}", failed, d.doc_id)))
         for d in found:
             private = select_private(d.entities, corpus.identifiers)
             reason = validate_document(Document(d.doc_id, d.text, d.metadata, private), corpus.max_chars)
