@@ -31,8 +31,9 @@ lint: setup
 	$(BIN)/ruff check ctrlgen ray_jobs serve tests benchmarks
 	$(BIN)/mypy
 
+# pytest's exit code 5 (no tests collected) is a failure: a green run must have run tests.
 test: lint
-	$(BIN)/pytest
+	@$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache

@@ -263,7 +263,7 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--max-new-tokens", type=int, default=30, help="Tokens to generate.")
         if name == "extract-report":
             sp.add_argument("--physionet", default="../shared/data/physionet-deid", help="PhysioNet deid directory.")
-            sp.add_argument("--tab", default="../shared/data/tab/echr_dev_sample_001-83927.json", help="TAB JSON.")
+            sp.add_argument("--tab", default="../shared/data/tab", help="TAB JSON file or directory.")
             sp.add_argument("--out", default="docs/extraction.md", help="Markdown file to write.")
             sp.add_argument("--limit", type=int, default=None, help="Only the first N PhysioNet notes.")
         sp.add_argument("overrides", nargs="*", metavar="key.sub=value", help="Config overrides.")

@@ -1,7 +1,7 @@
 """PhysioNet deid gold standard: ``id.text`` notes + ``id-phi.phrase`` gold PHI spans.
 
-``id.text`` holds records ``START_OF_RECORD=<patient>||||<note>||||`` newline, text,
-``||||END_OF_RECORD``. ``id-phi.phrase`` holds one span per line:
+``id.text`` holds records: a header line ``<START marker>=<patient>||||<note>||||``, the
+text, then ``||||`` and the END marker (see :data:`START`, :data:`END`). ``id-phi.phrase`` holds one span per line:
 ``<patient> <note> <start> <end> <type> <text>``, offsets into the note text
 (which starts after the header line's newline), end exclusive.
 """
@@ -18,7 +18,7 @@ from ctrlgen.corpora._common import BadRow, Record, decode_utf8, finish, limited
 from ctrlgen.errors import CorpusError
 from ctrlgen.schema import Document, Entity
 
-__all__ = ["PHYSIONET_TYPES", "read_physionet"]
+__all__ = ["END", "PHYSIONET_TYPES", "SEP", "START", "format_record", "read_physionet"]
 
 #: PhysioNet PHI type -> (category, identifier kind). Names and phone numbers
 #: single a person out (DIRECT, as TAB treats names and codes); dates, places,
@@ -36,7 +36,24 @@ PHYSIONET_TYPES: dict[str, tuple[str, str]] = {
     "Other": ("MISC", "QUASI"),
 }
 
-_RECORD = re.compile(rb"START_OF_RECORD=([^|\n]*)\|\|\|\|([^|\n]*)\|\|\|\|\n(.*?)\|\|\|\|END_OF_RECORD", re.S)
+#: Record markers of ``id.text``.
+START, END, SEP = b"START_OF_RECORD", b"END_OF_RECORD", b"||||"
+_RECORD = re.compile(
+    re.escape(START)
+    + rb"=([^|\n]*)"
+    + re.escape(SEP)
+    + rb"([^|\n]*)"
+    + re.escape(SEP)
+    + rb"\n(.*?)"
+    + re.escape(SEP)
+    + re.escape(END),
+    re.S,
+)
+
+
+def format_record(patient: str, note: str, text: bytes) -> bytes:
+    """One ``id.text`` record (the inverse of the reader's record pattern; used by tests)."""
+    return START + b"=" + patient.encode() + SEP + note.encode() + SEP + b"\n" + text + SEP + END + b"\n"
 
 
 def _read_spans(path: Path, cfg: PhysionetCorpusConfig) -> tuple[dict[tuple[str, str], list[Entity]], list[Record]]:

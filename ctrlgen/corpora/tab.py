@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from ctrlgen.config import TabCorpusConfig
@@ -108,13 +109,16 @@ def _mentions(case: dict[str, Any], annotator: str | None) -> tuple[str, list[En
     return name, out
 
 
-def read_tab(cfg: TabCorpusConfig) -> Iterator[Record]:
-    """Yield TAB documents (one per paragraph window) or quarantine records.
+def _tab_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(path.glob("*.json"))
+        if not files:
+            raise CorpusError(f"TAB directory {path} holds no .json files")
+        return files
+    return [require_file(path, "TAB file")]
 
-    Raises:
-        CorpusError: the file is missing, not JSON, or not a list of cases.
-    """
-    path = require_file(cfg.path, "TAB file")
+
+def _load_cases(path: Path) -> list[Any]:
     try:
         cases = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -127,7 +131,23 @@ def read_tab(cfg: TabCorpusConfig) -> Iterator[Record]:
         cases = [cases]
     if not isinstance(cases, list):
         raise CorpusError(f"TAB file {path} must hold a list of cases")
-    yield from limited(_cases(cases, cfg, str(path)), cfg.limit)
+    return cases
+
+
+def read_tab(cfg: TabCorpusConfig) -> Iterator[Record]:
+    """Yield TAB documents (one per paragraph window) or quarantine records.
+
+    ``cfg.path`` is a TAB JSON file or a directory of them (e.g. the train/dev/test splits).
+
+    Raises:
+        CorpusError: a file is missing, not JSON, or not a list of cases.
+    """
+
+    def records() -> Iterator[Record]:
+        for f in _tab_files(Path(cfg.path)):
+            yield from _cases(_load_cases(f), cfg, str(f))
+
+    yield from limited(records(), cfg.limit)
 
 
 def _cases(cases: list[Any], cfg: TabCorpusConfig, source: str) -> Iterator[Record]:

@@ -38,7 +38,7 @@ def extraction_report(cfg: CtrlgenConfig, physionet: Path, tab: Path, limit: int
         "PhysioNet deid": load_corpus(
             PhysionetCorpusConfig(path=str(physionet), identifiers="direct+quasi", limit=limit)
         )[0],
-        "TAB case 001-83927 (annotator1)": load_corpus(
+        "TAB (annotator1)": load_corpus(
             TabCorpusConfig(path=str(tab), identifiers="direct+quasi", annotator="annotator1", segments=None)
         )[0],
     }

@@ -4,6 +4,7 @@ import pytest
 
 from ctrlgen.config import PhysionetCorpusConfig
 from ctrlgen.corpora import load_corpus
+from ctrlgen.corpora.physionet import format_record
 from ctrlgen.errors import CorpusError
 from ctrlgen.schema import Document
 
@@ -44,12 +45,11 @@ def _write(tmp_path, notes, phi):
 
 
 def test_bad_rows_are_quarantined_with_reasons_and_counted(tmp_path):
-    notes = (
-        b"START_OF_RECORD=1||||1||||\nMr Smith went home.\n||||END_OF_RECORD\n"
-        b"START_OF_RECORD=1||||2||||\nBad byte \xff here.\n||||END_OF_RECORD\n"
-        b"START_OF_RECORD=1||||3||||\n   \n||||END_OF_RECORD\n"
-        b"START_OF_RECORD=1||||4||||\nDr Jones.\n||||END_OF_RECORD\n"
-        b"START_OF_RECORD=1||||5||||\nOk note.\n||||END_OF_RECORD\n"
+    notes = b"".join(
+        format_record("1", str(i), t)
+        for i, t in enumerate(
+            [b"Mr Smith went home.\n", b"Bad byte \xff here.\n", b"   \n", b"Dr Jones.\n", b"Ok note.\n"], 1
+        )
     )
     phi = (
         b"1 1 3 8 HCPName Smith\n"
@@ -73,7 +73,7 @@ def test_bad_rows_are_quarantined_with_reasons_and_counted(tmp_path):
 
 
 def test_errors_raise_mode_names_file_and_row(tmp_path):
-    path = _write(tmp_path, b"START_OF_RECORD=1||||1||||\nDr Jones.\n||||END_OF_RECORD\n", b"1 1 3 8 HCPName Smith\n")
+    path = _write(tmp_path, format_record("1", "1", b"Dr Jones.\n"), b"1 1 3 8 HCPName Smith\n")
     with pytest.raises(CorpusError, match=r"id.text, record 1 \(note 1-1\): entity 0 span"):
         load_corpus(_cfg(path, errors="raise"))
 
