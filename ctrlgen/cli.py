@@ -28,16 +28,6 @@ overridden after the options as key.sub=value, for example:
 """
 
 
-def _corpus(cfg: CtrlgenConfig):  # type: ignore[no-untyped-def]
-    """The corpus config to read; ``mimic`` with path ``demo`` is the generated demo corpus."""
-    corpus = cfg.corpus
-    if corpus.format == "mimic" and corpus.path == "demo":
-        from ctrlgen.demo import write_demo_corpus
-
-        return corpus.model_copy(update={"path": str(write_demo_corpus(cfg.demo_corpus))})
-    return corpus
-
-
 def cmd_config(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
     return 0
@@ -53,9 +43,10 @@ def cmd_demo_corpus(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
 
 def cmd_ingest(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     from ctrlgen.corpora import read_corpus
+    from ctrlgen.demo import resolve_corpus
     from ctrlgen.io import write_records
 
-    corpus = _corpus(cfg)
+    corpus = resolve_corpus(cfg).corpus
     out = Path(cfg.output_dir) / "documents"
     t0 = time.perf_counter()
     report = write_records(read_corpus(corpus), out, progress="ingest")

@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ctrlgen.config import DemoCorpusConfig, default_cache_dir
+from ctrlgen.config import CtrlgenConfig, DemoCorpusConfig, default_cache_dir
 
-__all__ = ["NOTE_COLUMNS", "NOTE_SCHEMA", "demo_corpus_dir", "generate_batch", "write_demo_corpus"]
+__all__ = ["NOTE_COLUMNS", "NOTE_SCHEMA", "demo_corpus_dir", "generate_batch", "resolve_corpus", "write_demo_corpus"]
 
 NOTE_SCHEMA = pa.schema(
     [
@@ -376,6 +376,15 @@ def write_demo_corpus(cfg: DemoCorpusConfig, progress: bool = True) -> Path:
             writer.close()
     marker.write_text(_fingerprint(cfg))
     return out
+
+
+def resolve_corpus(cfg: CtrlgenConfig) -> CtrlgenConfig:
+    """``corpus.format: mimic`` with ``path: demo`` -> the generated demo corpus (written once)."""
+    corpus = cfg.corpus
+    if corpus.format != "mimic" or corpus.path != "demo":
+        return cfg
+    path = str(write_demo_corpus(cfg.demo_corpus))
+    return cfg.model_copy(update={"corpus": corpus.model_copy(update={"path": path})})
 
 
 def _fingerprint(cfg: DemoCorpusConfig) -> str:

@@ -98,8 +98,6 @@ def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined]) -> tuple[
     import ray
 
     corpus = cfg.corpus
-    # At least two blocks per actor, so that one small file still feeds the whole pool.
-    min_blocks = 2 * cfg.extraction.num_actors
     if isinstance(corpus, MimicCorpusConfig):
         path = Path(corpus.path)
         if not path.exists():
@@ -114,7 +112,7 @@ def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined]) -> tuple[
                 kind = "documents"
             else:
                 kind = "noteevents"
-            return ray.data.read_parquet(parquet, override_num_blocks=max(len(parquet), min_blocks)), kind
+            return ray.data.read_parquet(parquet), kind
         import pyarrow.csv as pacsv
 
         from ctrlgen.corpora._common import open_csv_as_bytes
@@ -124,7 +122,6 @@ def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined]) -> tuple[
             csvs,
             parse_options=pacsv.ParseOptions(newlines_in_values=True),
             convert_options=pacsv.ConvertOptions(column_types={n: pa.binary() for n in names}),
-            override_num_blocks=max(len(csvs), min_blocks),
         ), "noteevents"
     docs: list[dict[str, Any]] = []
     for rec in read_corpus(corpus):
@@ -133,8 +130,7 @@ def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined]) -> tuple[
         else:
             driver_quarantine.append(rec)
     table = pa.Table.from_pylist(docs, schema=DOCUMENT_SCHEMA)
-    blocks = max(1, min(len(docs) // max(1, cfg.extraction.batch_size), min_blocks)) if docs else 1
-    return ray.data.from_arrow(table).repartition(blocks), "documents"
+    return ray.data.from_arrow(table), "documents"
 
 
 def _count(out: Path, driver_quarantine: list[Quarantined]) -> tuple[int, int, Counter[str]]:
@@ -160,12 +156,9 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
     """Read -> extract in an actor pool -> write partitioned Parquet -> count."""
     import ray
 
-    from ctrlgen.demo import write_demo_corpus
+    from ctrlgen.demo import resolve_corpus
 
-    if isinstance(cfg.corpus, MimicCorpusConfig) and cfg.corpus.path == "demo":
-        cfg = cfg.model_copy(
-            update={"corpus": cfg.corpus.model_copy(update={"path": str(write_demo_corpus(cfg.demo_corpus))})}
-        )
+    cfg = resolve_corpus(cfg)
     init_ray(cfg)
     t0 = time.perf_counter()
     driver_quarantine: list[Quarantined] = []
