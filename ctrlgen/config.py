@@ -28,12 +28,16 @@ __all__ = [
     "CtrlgenConfig",
     "DemoCorpusConfig",
     "ExtractionConfig",
+    "GateConfig",
+    "GenerationConfig",
+    "GenerationMode",
     "GenericCorpusConfig",
     "MimicCorpusConfig",
     "ModelConfig",
     "NlpAssetsConfig",
     "PhysionetCorpusConfig",
     "RayConfig",
+    "SamplingConfig",
     "TabCorpusConfig",
     "apply_overrides",
     "default_cache_dir",
@@ -214,6 +218,66 @@ class ExtractionConfig(_Model):
     rows_per_file: int = Field(20_000, ge=1, description="Rows the writer gathers per output Parquet file.")
 
 
+GenerationMode = Literal["baseline", "icl", "icl_blocking"]
+
+
+class SamplingConfig(_Model):
+    """Decoding (paper defaults: 400 new tokens, temperature 0.7, top-p 0.9)."""
+
+    max_new_tokens: int = Field(400, ge=1, description="New tokens per output at most.")
+    temperature: float = Field(0.7, ge=0.0, description="Sampling temperature; 0 means greedy decoding.")
+    top_p: float = Field(0.9, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+
+
+class GateConfig(_Model):
+    """Release gate: regenerate outputs that still contain a known private value of their context."""
+
+    enabled: bool = Field(True, description="Run the gate on the modes listed in `modes`.")
+    modes: list[GenerationMode] = Field(
+        default_factory=lambda: ["icl_blocking"], description="Modes whose outputs pass through the gate."
+    )
+    max_retries: int = Field(3, ge=0, description="Regenerations (new seeds) before an output is withheld.")
+
+
+class GenerationConfig(_Model):
+    """ICL generation (METHOD.md section 4) and the Ray Data batch job."""
+
+    input: str | None = Field(
+        None,
+        description="Extraction output (the status=ok Parquet directory or its parent). Default: run "
+        "the extraction job first into <output_dir>/extracted.",
+    )
+    modes: list[GenerationMode] = Field(
+        default_factory=lambda: ["baseline", "icl", "icl_blocking"],
+        description="baseline (3 real documents, no codes), icl (3 real pairs + fictional code), "
+        "icl_blocking (icl with every private value of the 3 contexts hard-blocked).",
+    )
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
+    seed: int = Field(0, description="Seeds fictional codes, context choice and sampling (per document).")
+    n_context: int = Field(3, ge=1, description="Real (code, document) pairs in each prompt.")
+    max_context_tokens: int = Field(
+        384, ge=16, description="Context documents are cut to this many tokens (long notes overflow the window)."
+    )
+    context_pool_size: int = Field(
+        256, ge=2, description="Documents sampled (seeded) as the pool contexts are drawn from."
+    )
+    num_documents: int | None = Field(
+        None, ge=1, description="Generate for the first N eligible documents only (None: all)."
+    )
+    require_code: bool = Field(
+        True, description="Only documents with a non-empty control code are contexts and targets."
+    )
+    same_counts: bool = Field(True, description="Fictional codes keep the number of values per category.")
+    leading_space_variants: bool = Field(
+        True, description="Also block ' value' (byte-level BPE tokenises a leading space into the token)."
+    )
+    batch_size: int = Field(8, ge=1, description="Prompts per batched generate call.")
+    num_actors: int = Field(1, ge=1, description="Generator actors (model loaded once per actor).")
+    actor_num_cpus: float = Field(1.0, gt=0, description="Logical CPUs per generator actor.")
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per actor (None: torch default).")
+
+
 class RayConfig(_Model):
     """How jobs reach Ray."""
 
@@ -241,6 +305,7 @@ class CtrlgenConfig(_Model):
     model: ModelConfig = Field(default_factory=ModelConfig)
     nlp: NlpAssetsConfig = Field(default_factory=NlpAssetsConfig)
     extraction: ExtractionConfig = Field(default_factory=ExtractionConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     output_dir: str = Field("runs/demo", description="Where stages write their outputs.")
     show: int = Field(3, ge=0, description="How many control codes the demo prints.")

@@ -1,0 +1,194 @@
+"""Batched generation with per-row banned sequences and per-row seeds.
+
+:class:`GenerationEngine` is the seam: anything that turns a list of
+:class:`GenerationRequest` into :class:`GenerationResult` (same order) can serve the
+jobs - :class:`HFEngine` over transformers here, a vLLM-backed engine later.
+
+:class:`HFEngine` sorts the requests by prompt length, runs them ``batch_size`` at
+a time with left padding and attention masks, and applies two logits processors:
+:class:`~ctrlgen.generation.blocking.RowBannedTokens` (each row's banned
+sequences) and :class:`RowSampler`, which draws each row's token from its own
+``torch.Generator`` seeded by the request, so an output depends on its request
+and seed, not on which other prompts share the batch (up to floating-point
+differences that padding can cause in batched matmuls). Generation stops at the
+request's stop strings (the text is cut before them), at EOS, or after
+``max_new_tokens``.
+
+Example:
+    >>> from ctrlgen.models import tiny_llama
+    >>> from ctrlgen.config import SamplingConfig
+    >>> engine = HFEngine(*tiny_llama(), SamplingConfig(max_new_tokens=4, temperature=0))
+    >>> [r.new_tokens for r in engine.generate([GenerationRequest("Vital signs", seed=1)])]
+    [4]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ctrlgen.config import SamplingConfig
+from ctrlgen.generation.blocking import RowBannedTokens
+
+__all__ = ["GenerationEngine", "GenerationRequest", "GenerationResult", "HFEngine", "RowSampler"]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt to continue.
+
+    Attributes:
+        prompt: the text to continue.
+        banned: token sequences that must not be generated (see ``banned_sequences``).
+        seed: seeds this row's sampling.
+        stop: strings at which generation stops; the output is cut before them.
+    """
+
+    prompt: str
+    banned: tuple[tuple[int, ...], ...] = ()
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class GenerationResult:
+    """``text`` is the continuation (cut before a stop string); ``error`` is set instead on failure."""
+
+    text: str
+    new_tokens: int = 0
+    finish: str = "length"  # "stop" | "eos" | "length" | "error"
+    error: str | None = None
+    seconds: float = 0.0
+
+
+class GenerationEngine(Protocol):
+    """What the generation jobs need from an engine."""
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Continue every request; results in request order, one per request."""
+        ...
+
+
+class RowSampler:
+    """Logits processor that samples each row's next token with its own generator.
+
+    It returns scores that are ``-inf`` everywhere except the drawn token, so the
+    greedy step of ``generate`` picks it. Temperature 0 means argmax (plain greedy).
+    """
+
+    def __init__(self, seeds: Sequence[int], temperature: float, top_p: float) -> None:
+        self.temperature = temperature
+        self.top_p = top_p
+        self.generators = [torch.Generator().manual_seed(int(s) % (2**63)) for s in seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.temperature == 0:
+            return scores
+        logits = scores.float() / self.temperature  # [batch, vocab]
+        sorted_logits, sorted_idx = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        cum = torch.cumsum(probs, dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+        drop = (cum - probs) >= self.top_p
+        probs = probs.masked_fill(drop, 0.0)
+        chosen = torch.empty(scores.shape[0], dtype=torch.long)
+        for b, gen in enumerate(self.generators):
+            row = probs[b]
+            if not bool(torch.isfinite(sorted_logits[b, 0])):
+                chosen[b] = sorted_idx[b, 0]  # every token banned: leave it to the caller's checks
+                continue
+            pick = torch.multinomial(row, 1, generator=gen)
+            chosen[b] = sorted_idx[b, pick[0]]
+        out = torch.full_like(scores, float("-inf"))
+        out[torch.arange(scores.shape[0]), chosen] = 0.0
+        return out
+
+
+@dataclass
+class HFEngine:
+    """:class:`GenerationEngine` over a transformers causal LM (any ``generate``-capable model)."""
+
+    model: Any
+    tokenizer: Any
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+
+    def _prompt_lengths(self, requests: Sequence[GenerationRequest]) -> list[int]:
+        enc = self.tokenizer([r.prompt for r in requests], add_special_tokens=False)
+        return [len(ids) for ids in enc["input_ids"]]
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        results: list[GenerationResult | None] = [None] * len(requests)
+        lengths = self._prompt_lengths(requests)
+        todo = []
+        for i, n in enumerate(lengths):
+            if n == 0:
+                results[i] = GenerationResult("", finish="error", error="empty prompt")
+            elif self.max_positions and n + self.sampling.max_new_tokens > self.max_positions:
+                results[i] = GenerationResult(
+                    "",
+                    finish="error",
+                    error=f"prompt of {n} tokens + {self.sampling.max_new_tokens} new tokens exceeds the "
+                    f"model's {self.max_positions} positions",
+                )
+            else:
+                todo.append(i)
+        todo.sort(key=lambda i: lengths[i])
+        for start in range(0, len(todo), self.batch_size):
+            idx = todo[start : start + self.batch_size]
+            for i, res in zip(idx, self._generate_batch([requests[i] for i in idx]), strict=True):
+                results[i] = res
+        return [r for r in results if r is not None]
+
+    @torch.inference_mode()
+    def _generate_batch(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        t0 = time.perf_counter()
+        tok = self.tokenizer
+        enc = tok([r.prompt for r in batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        processors: list[Any] = []
+        if any(r.banned for r in batch):
+            processors.append(RowBannedTokens([r.banned for r in batch], vocab))
+        processors.append(RowSampler([r.seed for r in batch], self.sampling.temperature, self.sampling.top_p))
+        stops = sorted({s for r in batch for s in r.stop})
+        gen_cfg = GenerationConfig(
+            max_new_tokens=self.sampling.max_new_tokens,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            stop_strings=stops or None,
+        )
+        out = self.model.generate(
+            **enc,
+            generation_config=gen_cfg,
+            logits_processor=LogitsProcessorList(processors),
+            tokenizer=tok if stops else None,
+        )
+        new = out[:, enc["input_ids"].shape[1] :]  # [batch, new]
+        seconds = (time.perf_counter() - t0) / len(batch)
+        results = []
+        for r, ids in zip(batch, new.tolist(), strict=True):
+            finish = "length"
+            if tok.eos_token_id in ids:
+                ids = ids[: ids.index(tok.eos_token_id)]
+                finish = "eos"
+            if tok.pad_token_id in ids:  # rows that stopped early are padded to the batch's length
+                ids = ids[: ids.index(tok.pad_token_id)]
+            text = tok.decode(ids, skip_special_tokens=True)
+            cut = min((text.find(s) for s in r.stop if s in text), default=-1)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+            results.append(GenerationResult(text.strip(), len(ids), finish, None, seconds))
+        return results

@@ -1,0 +1,164 @@
+"""The ICL generation stage on plain rows: what a Ray actor (or a plain loop) runs per batch.
+
+Reads rows with ``doc_id`` and ``control_code`` (the extraction output) and a
+*context pool* of real documents; writes one row per (document, mode) with the
+columns of :data:`GENERATED_SCHEMA`. For every target document:
+
+* its fictional code is drawn from ``FictionalCodes`` seeded by ``(seed, doc_id)``;
+* its ``n_context`` context documents are drawn from the pool (never itself),
+  seeded by ``(seed, doc_id)``, the same for every mode so that modes are paired;
+* ``baseline`` prompts with the real context documents only, ``icl`` with the
+  real (code, document) pairs and the fictional code, ``icl_blocking`` as ``icl``
+  with every private value of the contexts hard-blocked (casing and
+  leading-space variants);
+* the release gate runs on the modes configured for it.
+
+A target whose code cannot be fictionalised, or whose generation fails, comes
+back with ``status`` ``quarantined`` and the reason (no text): rows are never
+dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from ctrlgen.codes import format_control_code, parse_control_code
+from ctrlgen.config import GenerationConfig
+from ctrlgen.errors import CtrlgenError
+from ctrlgen.fictional import FictionalCodes, code_values
+from ctrlgen.generation.blocking import banned_sequences
+from ctrlgen.generation.engine import GenerationEngine, GenerationRequest
+from ctrlgen.generation.gate import gated_generate
+from ctrlgen.prompts import baseline_prompt, icl_prompt, stop_strings, truncate_to_tokens
+
+__all__ = ["GENERATED_SCHEMA", "ContextDoc", "build_pool", "generate_rows", "row_seed"]
+
+GENERATED_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.string()),
+        pa.field("mode", pa.string()),
+        pa.field("context_ids", pa.list_(pa.string())),
+        pa.field("fictional_code", pa.string()),
+        pa.field("text", pa.string()),
+        pa.field("context_values", pa.list_(pa.string())),
+        pa.field("leaked_first", pa.list_(pa.string())),  # known values in the first attempt
+        pa.field("leaked", pa.list_(pa.string())),  # known values in the final text
+        pa.field("attempts", pa.int32()),
+        pa.field("released", pa.bool_()),
+        pa.field("new_tokens", pa.int32()),
+        pa.field("finish", pa.string()),
+        pa.field("status", pa.string()),  # "ok" | "quarantined"
+        pa.field("reason", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class ContextDoc:
+    """A real document that may serve as an ICL context (text already cut to the token budget)."""
+
+    doc_id: str
+    code_text: str
+    text: str
+    values: tuple[str, ...]
+
+
+def row_seed(seed: int, *parts: str) -> int:
+    """A 63-bit seed from the global seed and a row's identity (stable across runs and machines)."""
+    digest = hashlib.sha256("\x1f".join([str(seed), *parts]).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def build_pool(rows: Sequence[dict[str, Any]], tokenizer: Any, max_context_tokens: int) -> list[ContextDoc]:
+    """Context documents from extraction rows (``doc_id``, ``text``, ``control_code``)."""
+    pool = []
+    for r in rows:
+        code = parse_control_code(r["control_code"] or "")
+        text = truncate_to_tokens(r["text"], tokenizer, max_context_tokens)
+        pool.append(ContextDoc(r["doc_id"], format_control_code(code), text, tuple(code_values(code))))
+    return pool
+
+
+def _quarantined(doc_id: str, mode: str, reason: str) -> dict[str, Any]:
+    return {
+        "doc_id": doc_id, "mode": mode, "context_ids": [], "fictional_code": "", "text": "",
+        "context_values": [], "leaked_first": [], "leaked": [], "attempts": 0, "released": False,
+        "new_tokens": 0, "finish": "error", "status": "quarantined", "reason": reason,
+    }  # fmt: skip
+
+
+def generate_rows(
+    rows: Sequence[dict[str, Any]],
+    pool: Sequence[ContextDoc],
+    engine: GenerationEngine,
+    tokenizer: Any,
+    cfg: GenerationConfig,
+    fictional: FictionalCodes,
+) -> pa.Table:
+    """Generate every configured mode for every target row; one output row per (row, mode)."""
+    if len(pool) < cfg.n_context + 1:
+        raise CtrlgenError(f"context pool has {len(pool)} documents; need at least {cfg.n_context + 1}")
+    out: list[dict[str, Any]] = []
+    banned_cache: dict[str, tuple[tuple[int, ...], ...]] = {}
+
+    def banned_of(ctx: ContextDoc) -> tuple[tuple[int, ...], ...]:
+        if ctx.doc_id not in banned_cache:
+            seqs = banned_sequences(tokenizer, ctx.values, leading_space=cfg.leading_space_variants)
+            banned_cache[ctx.doc_id] = tuple(tuple(s) for s in seqs)
+        return banned_cache[ctx.doc_id]
+
+    # Per mode: the requests of this batch, their known values, and the row skeletons.
+    for mode in cfg.modes:
+        requests: list[GenerationRequest] = []
+        known: list[list[str]] = []
+        skeletons: list[dict[str, Any]] = []
+        for r in rows:
+            doc_id = str(r["doc_id"])
+            try:
+                code = parse_control_code(r.get("control_code") or "")
+                fake = format_control_code(fictional.fictionalize(code, doc_id)) if mode != "baseline" else ""
+            except CtrlgenError as exc:
+                out.append(_quarantined(doc_id, mode, f"fictional code: {exc}"))
+                continue
+            rng = random.Random(row_seed(cfg.seed, doc_id, "contexts"))
+            choices = [c for c in pool if c.doc_id != doc_id]
+            contexts = rng.sample(choices, cfg.n_context)
+            if mode == "baseline":
+                prompt = baseline_prompt([c.text for c in contexts])
+            else:
+                prompt = icl_prompt([(c.code_text, c.text) for c in contexts], fake)
+            banned: tuple[tuple[int, ...], ...] = ()
+            if mode == "icl_blocking":
+                merged: dict[tuple[int, ...], None] = {}
+                for c in contexts:
+                    merged.update(dict.fromkeys(banned_of(c)))
+                banned = tuple(merged)
+            values = sorted({v for c in contexts for v in c.values})
+            requests.append(
+                GenerationRequest(prompt, banned, row_seed(cfg.seed, doc_id, mode), tuple(stop_strings(mode)))
+            )
+            known.append(values)
+            skeletons.append(
+                {"doc_id": doc_id, "mode": mode, "context_ids": [c.doc_id for c in contexts],
+                 "fictional_code": fake, "context_values": values}
+            )  # fmt: skip
+        gate_on = cfg.gate.enabled and mode in cfg.gate.modes
+        for sk, g in zip(
+            skeletons, gated_generate(engine, requests, known, max_retries=cfg.gate.max_retries, enabled=gate_on),
+            strict=True,
+        ):
+            if g.result.error is not None:
+                out.append(_quarantined(sk["doc_id"], mode, f"generation: {g.result.error}"))
+                continue
+            out.append(
+                {**sk, "text": g.result.text, "leaked_first": sorted(g.leaked_first), "leaked": sorted(g.leaked),
+                 "attempts": g.attempts, "released": g.released, "new_tokens": g.result.new_tokens,
+                 "finish": g.result.finish, "status": "ok", "reason": ""}
+            )  # fmt: skip
+    return pa.Table.from_pylist(out, schema=GENERATED_SCHEMA)
