@@ -190,5 +190,7 @@ class HFEngine:
             cut = min((text.find(s) for s in r.stop if s in text), default=-1)
             if cut >= 0:
                 text, finish = text[:cut], "stop"
+            elif finish == "length" and len(ids) < self.sampling.max_new_tokens:
+                finish = "stop"  # a stop string that began in the prompt's last characters
             results.append(GenerationResult(text.strip(), len(ids), finish, None, seconds))
         return results

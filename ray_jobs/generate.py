@@ -1,0 +1,209 @@
+"""Ray Data job: ICL synthetic-text generation with batched hard token blocking.
+
+Reads the extraction output (documents with control codes; runs the extraction
+job first when ``generation.input`` is not set), then:
+
+1. collects the corpus' distinct private values (fictional codes never use them);
+2. draws a seeded context pool and, with ``generation.num_documents``, a seeded
+   sample of target documents (per-block top-k of a per-document hash: no shuffle);
+3. streams the targets through an actor pool of generators (the model is loaded
+   once per actor) running :func:`ctrlgen.generation.icl.generate_rows` for every
+   mode (baseline, icl, icl_blocking) with the release gate;
+4. writes Parquet partitioned by mode and prints PIPP / ELP per mode.
+
+    <output_dir>/generated/mode=<mode>/*.parquet   one row per (document, mode)
+    <output_dir>/generated/leakage.md, leakage.json
+
+    python -m ray_jobs.generate --config configs/generate_physionet.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from ctrlgen.config import CtrlgenConfig, load_config
+from ctrlgen.errors import CtrlgenError
+
+__all__ = ["GenerateActor", "GenerateSummary", "main", "run"]
+
+_COLUMNS = ["doc_id", "text", "control_code"]
+
+
+class GenerateActor:
+    """Callable class for ``map_batches``: loads the model once, then generates per batch."""
+
+    def __init__(self, cfg_json: str, pool_rows: list[dict[str, Any]], exclude: list[str]) -> None:
+        import torch
+
+        from ctrlgen.fictional import FictionalCodes
+        from ctrlgen.generation.engine import HFEngine
+        from ctrlgen.generation.icl import build_pool
+        from ctrlgen.models import load_causal_lm
+
+        self.cfg = CtrlgenConfig.model_validate_json(cfg_json)
+        g = self.cfg.generation
+        if g.torch_threads:
+            torch.set_num_threads(g.torch_threads)
+        model, self.tokenizer = load_causal_lm(self.cfg.model)
+        self.engine = HFEngine(model, self.tokenizer, g.sampling, g.batch_size)
+        self.pool = build_pool(pool_rows, self.tokenizer, g.max_context_tokens)
+        self.fictional = FictionalCodes(g.seed, exclude, same_counts=g.same_counts)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from ctrlgen.generation.icl import generate_rows
+
+        return generate_rows(batch.to_pylist(), self.pool, self.engine, self.tokenizer, self.cfg.generation, self.fictional)
+
+
+def _hash_key(seed: int, salt: str, doc_ids: list[str]) -> list[int]:
+    return [
+        int.from_bytes(hashlib.sha256(f"{seed}\x1f{salt}\x1f{d}".encode()).digest()[:8], "big") >> 1 for d in doc_ids
+    ]
+
+
+def _top_k(k: int, seed: int, salt: str) -> Any:
+    """A map_batches function keeping the k rows of a batch with the smallest per-document hash."""
+
+    def fn(batch: pa.Table) -> pa.Table:
+        keys = pa.array(_hash_key(seed, salt, batch.column("doc_id").to_pylist()), pa.int64())
+        batch = batch.append_column("_key", keys)
+        return batch.sort_by("_key").slice(0, k)
+
+    return fn
+
+
+def _sample(ds: Any, k: int, seed: int, salt: str) -> list[dict[str, Any]]:
+    """The k rows with the smallest hash of (seed, salt, doc_id): a seeded sample, order-independent."""
+    rows = ds.map_batches(_top_k(k, seed, salt), batch_format="pyarrow", batch_size=4096).take_all()
+    rows.sort(key=lambda r: r["_key"])
+    return [{c: r[c] for c in _COLUMNS} for r in rows[:k]]
+
+
+def _values_of(batch: pa.Table) -> pa.Table:
+    from ctrlgen.codes import parse_control_code
+    from ctrlgen.fictional import code_values
+
+    vals = {v for code in batch.column("control_code").to_pylist() for v in code_values(parse_control_code(code or ""))}
+    return pa.table({"value": pa.array(sorted(vals), pa.string())})
+
+
+def _has_code(batch: pa.Table) -> pa.Table:
+    codes = pc.fill_null(batch.column("control_code"), "")
+    return batch.filter(pc.not_equal(codes, ""))
+
+
+def _ok_dir(path: Path) -> Path:
+    return path / "status=ok" if (path / "status=ok").is_dir() else path
+
+
+@dataclass
+class GenerateSummary:
+    targets: int
+    rows_out: int
+    quarantined: int
+    table: str
+    seconds: float = 0.0
+    output: str = ""
+    by_mode: list[Any] = field(default_factory=list)
+
+    def text(self) -> str:
+        return (
+            f"targets {self.targets:,} x modes -> rows {self.rows_out:,} (quarantined {self.quarantined:,})\n"
+            f"{self.table}\nwritten to {self.output} in {self.seconds:.1f} s"
+        )
+
+
+def run(cfg: CtrlgenConfig) -> GenerateSummary:
+    """Extraction output -> pool, exclusion set, targets -> actor pool -> Parquet -> PIPP/ELP."""
+    import ray
+
+    from ctrlgen.generation.report import leakage_by_mode, leakage_table
+    from ray_jobs.extract import init_ray
+    from ray_jobs.extract import run as run_extract
+
+    g = cfg.generation
+    t0 = time.perf_counter()
+    if g.input is None:
+        print("generate: no generation.input; running the extraction job first", file=sys.stderr, flush=True)
+        ext = run_extract(cfg)
+        print(ext.text(), file=sys.stderr, flush=True)
+        src = Path(ext.output)
+    else:
+        src = Path(g.input)
+    src = _ok_dir(src)
+    if not src.exists() or not any(src.rglob("*.parquet")):
+        raise CtrlgenError(f"generation input {src} holds no Parquet files (run `ctrlgen extract` first)")
+    init_ray(cfg)
+    ds = ray.data.read_parquet(str(src), columns=_COLUMNS)
+    exclude = ds.map_batches(_values_of, batch_format="pyarrow").unique("value")
+    eligible = ds.map_batches(_has_code, batch_format="pyarrow") if g.require_code else ds
+    pool = _sample(eligible, g.context_pool_size, g.seed, "pool")
+    if len(pool) < g.n_context + 1:
+        raise CtrlgenError(
+            f"only {len(pool)} eligible documents in {src}; ICL needs at least {g.n_context + 1} "
+            "(documents without a control code are skipped when generation.require_code is true)"
+        )
+    if g.num_documents is not None:
+        targets = ray.data.from_items(_sample(eligible, g.num_documents, g.seed, "targets"))
+    else:
+        targets = eligible
+    n_targets = targets.count()
+    print(
+        f"generate: {n_targets:,} target documents, pool {len(pool)}, {len(exclude):,} real private values "
+        f"excluded from fictional codes, modes {', '.join(g.modes)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    per_block = max(1, g.batch_size * 2)
+    out_ds = targets.repartition(target_num_rows_per_block=per_block).map_batches(
+        GenerateActor,
+        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "pool_rows": pool, "exclude": list(exclude)},
+        batch_size=per_block,
+        batch_format="pyarrow",
+        num_cpus=g.actor_num_cpus,
+        compute=ray.data.ActorPoolStrategy(size=g.num_actors),
+    )
+    out = Path(cfg.output_dir).resolve() / "generated"
+    if out.exists():
+        shutil.rmtree(out)
+    out_ds.write_parquet(str(out), partition_cols=["mode"])
+    rows = pads.dataset(str(out), format="parquet", partitioning="hive").to_table().to_pylist()
+    stats = leakage_by_mode(rows)
+    table = leakage_table(stats)
+    (out / "leakage.md").write_text(table + "\n", encoding="utf-8")
+    (out / "leakage.json").write_text(leakage_table(stats, "json") + "\n", encoding="utf-8")
+    quarantined = sum(s.quarantined for s in stats)
+    if len(rows) != n_targets * len(g.modes):
+        raise CtrlgenError(f"{n_targets} targets x {len(g.modes)} modes but {len(rows)} rows written to {out}")
+    return GenerateSummary(n_targets, len(rows), quarantined, table, time.perf_counter() - t0, str(out), stats)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m ray_jobs.generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--config", "-c", default=None)
+    ap.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    args = ap.parse_args(argv)
+    try:
+        summary = run(load_config(args.config, args.overrides))
+    except CtrlgenError as exc:
+        print(f"generate: error: {exc}", file=sys.stderr)
+        return 2
+    print(summary.text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
