@@ -113,6 +113,22 @@ def cmd_extract(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+    from ray_jobs.generate import run
+
+    summary = run(cfg)
+    print(summary.text())
+    return 0
+
+
+def cmd_leakage(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+    from ctrlgen.generation.report import leakage_by_mode, leakage_table, read_generated
+
+    rows = read_generated(args.input or Path(cfg.output_dir) / "generated")
+    print(leakage_table(leakage_by_mode(rows), args.format))
+    return 0
+
+
 _REPORT_HEAD = """# Entity extraction quality (unknown setting)
 
 Produced by `{command}`; nothing in it is typed by hand.
@@ -225,6 +241,12 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
         "prepare: convert the built-in model once; info: load it and describe it; "
         "generate: greedy continuation of --prompt.",
     ),
+    "generate": (
+        cmd_generate,
+        "Ray Data job: ICL synthetic notes (baseline, icl, icl_blocking + release gate) from the "
+        "extraction output; prints PIPP/ELP per mode.",
+    ),
+    "leakage": (cmd_leakage, "PIPP/ELP per mode of generated Parquet output (recomputed from the text)."),
     "assets": (cmd_assets, "Load the offline spaCy pipeline and sentence encoder to check they are installed."),
     "config": (cmd_config, "Print the resolved config (file + overrides + defaults) as YAML."),
 }
@@ -257,6 +279,9 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--tab", default="../shared/data/tab", help="TAB JSON file or directory.")
             sp.add_argument("--out", default="docs/extraction.md", help="Markdown file to write.")
             sp.add_argument("--limit", type=int, default=None, help="Only the first N PhysioNet notes.")
+        if name == "leakage":
+            sp.add_argument("--input", default=None, help="Generated output (default <output_dir>/generated).")
+            sp.add_argument("--format", choices=("markdown", "json"), default="markdown", help="Table format.")
         sp.add_argument("overrides", nargs="*", metavar="key.sub=value", help="Config overrides.")
     return p
 

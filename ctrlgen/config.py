@@ -234,7 +234,8 @@ class GateConfig(_Model):
 
     enabled: bool = Field(True, description="Run the gate on the modes listed in `modes`.")
     modes: list[GenerationMode] = Field(
-        default_factory=lambda: ["icl_blocking"], description="Modes whose outputs pass through the gate."
+        default_factory=lambda: list[GenerationMode](["icl_blocking"]),
+        description="Modes whose outputs pass through the gate.",
     )
     max_retries: int = Field(3, ge=0, description="Regenerations (new seeds) before an output is withheld.")
 
@@ -248,7 +249,7 @@ class GenerationConfig(_Model):
         "the extraction job first into <output_dir>/extracted.",
     )
     modes: list[GenerationMode] = Field(
-        default_factory=lambda: ["baseline", "icl", "icl_blocking"],
+        default_factory=lambda: list[GenerationMode](["baseline", "icl", "icl_blocking"]),
         description="baseline (3 real documents, no codes), icl (3 real pairs + fictional code), "
         "icl_blocking (icl with every private value of the 3 contexts hard-blocked).",
     )

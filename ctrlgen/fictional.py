@@ -46,22 +46,46 @@ from ctrlgen.schema import CATEGORIES
 
 __all__ = ["FictionalCodes", "code_values", "fictional_value", "placeholder_kind"]
 
-_MONTHS = (
-    "January February March April May June July August September October November December"
-).split()
+_MONTHS = ("January February March April May June July August September October November December").split()
 _TITLES = ("Mr.", "Mrs.", "Ms.", "Dr.", "Prof.")
 _LANDMARKS = (
-    "Riverside Park", "the Old Harbour Bridge", "Millbrook Library", "Cedar Lake", "the Northgate Mall",
-    "Elm Street Station", "Granite Hill", "the Westfield Market", "Lakeview Pier", "the Copper Tower",
+    "Riverside Park",
+    "the Old Harbour Bridge",
+    "Millbrook Library",
+    "Cedar Lake",
+    "the Northgate Mall",
+    "Elm Street Station",
+    "Granite Hill",
+    "the Westfield Market",
+    "Lakeview Pier",
+    "the Copper Tower",
 )
 _HERITAGE = (
-    "Armenian", "Basque", "Cuban", "Estonian", "Filipino", "Ghanaian", "Icelandic", "Kenyan", "Laotian",
-    "Maltese", "Nepali", "Peruvian", "Samoan", "Sicilian", "Tongan", "Uruguayan", "Welsh", "Yemeni",
+    "Armenian",
+    "Basque",
+    "Cuban",
+    "Estonian",
+    "Filipino",
+    "Ghanaian",
+    "Icelandic",
+    "Kenyan",
+    "Laotian",
+    "Maltese",
+    "Nepali",
+    "Peruvian",
+    "Samoan",
+    "Sicilian",
+    "Tongan",
+    "Uruguayan",
+    "Welsh",
+    "Yemeni",
 )
 _ORG_SUFFIX = ("General Hospital", "Medical Center", "Community Clinic", "University", "Rehabilitation Center")
-_MISC_PARTS = (("Operation", "Project", "Festival of", "Treaty of", "Order of", "Syndrome of"),
-               ("Silver", "Northern", "Amber", "Quiet", "Crimson", "Granite", "Willow", "Cobalt"),
-               ("Lantern", "Harbor", "Meadow", "Falcon", "Compass", "Orchard", "Summit", "Beacon"))
+_MISC_PARTS = (
+    ("Operation", "Project", "Festival of", "Treaty of", "Order of", "Syndrome of"),
+    ("Silver", "Northern", "Amber", "Quiet", "Crimson", "Granite", "Willow", "Cobalt"),
+    ("Lantern", "Harbor", "Meadow", "Falcon", "Compass", "Orchard", "Summit", "Beacon"),
+)
 _UNITS = ("MICU", "SICU", "CCU", "Ward 4B", "Step-down Unit", "Telemetry 7", "Neuro ICU", "Ward 12")
 _DIGIT_RE = re.compile(r"\d")
 
@@ -195,7 +219,10 @@ _PLACEHOLDER_SAMPLERS: tuple[tuple[str, Sampler], ...] = (
     ("pager", _digits(5)),
     ("e-mail", lambda f, rng, real: str(f.email())),
     ("url", lambda f, rng, real: str(f.url())),
-    ("social security", lambda f, rng, real: f"{rng.randint(100, 899)}-{rng.randint(10, 99)}-{rng.randint(1000, 9999)}"),
+    (
+        "social security",
+        lambda f, rng, real: f"{rng.randint(100, 899)}-{rng.randint(10, 99)}-{rng.randint(1000, 9999)}",
+    ),
     ("medical record", _digits(7)),
     ("number", _digits(6)),
     ("identifier", _digits(6)),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import shutil
 import sys
 import time
@@ -30,7 +31,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 
 from ctrlgen.config import CtrlgenConfig, load_config
 from ctrlgen.errors import CtrlgenError
@@ -59,11 +59,19 @@ class GenerateActor:
         self.engine = HFEngine(model, self.tokenizer, g.sampling, g.batch_size)
         self.pool = build_pool(pool_rows, self.tokenizer, g.max_context_tokens)
         self.fictional = FictionalCodes(g.seed, exclude, same_counts=g.same_counts)
+        self.done = 0
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from ctrlgen.generation.icl import generate_rows
 
-        return generate_rows(batch.to_pylist(), self.pool, self.engine, self.tokenizer, self.cfg.generation, self.fictional)
+        rows = batch.to_pylist()
+        self.done += len(rows)
+
+        def progress(line: str) -> None:
+            print(f"[generate actor {os.getpid()}] {line} (documents so far: {self.done})", flush=True)
+
+        cfg = self.cfg.generation
+        return generate_rows(rows, self.pool, self.engine, self.tokenizer, cfg, self.fictional, progress)
 
 
 def _hash_key(seed: int, salt: str, doc_ids: list[str]) -> list[int]:
@@ -128,7 +136,7 @@ def run(cfg: CtrlgenConfig) -> GenerateSummary:
     """Extraction output -> pool, exclusion set, targets -> actor pool -> Parquet -> PIPP/ELP."""
     import ray
 
-    from ctrlgen.generation.report import leakage_by_mode, leakage_table
+    from ctrlgen.generation.report import leakage_by_mode, leakage_table, read_generated
     from ray_jobs.extract import init_ray
     from ray_jobs.extract import run as run_extract
 
@@ -178,7 +186,7 @@ def run(cfg: CtrlgenConfig) -> GenerateSummary:
     if out.exists():
         shutil.rmtree(out)
     out_ds.write_parquet(str(out), partition_cols=["mode"])
-    rows = pads.dataset(str(out), format="parquet", partitioning="hive").to_table().to_pylist()
+    rows = read_generated(out)
     stats = leakage_by_mode(rows)
     table = leakage_table(stats)
     (out / "leakage.md").write_text(table + "\n", encoding="utf-8")

@@ -186,7 +186,9 @@ class RowBannedTokens:
             return mask
         # Candidate entries: lo[i] .. hi[i]-1 for every query i.
         starts = torch.repeat_interleave(lo, counts)
-        offsets = torch.arange(total, device=q.device) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        offsets = torch.arange(total, device=q.device) - torch.repeat_interleave(
+            torch.cumsum(counts, 0) - counts, counts
+        )
         cand = starts + offsets
         rows = self.rows[cand]
         # Exact check: compare the candidate's prefix with the row's tail, token by token.

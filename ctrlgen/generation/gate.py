@@ -69,9 +69,7 @@ def gated_generate(
         todo = [i for i, g in enumerate(out) if g.result.error is None and g.leaked]
         if not todo:
             break
-        retry = [
-            dataclasses.replace(requests[i], seed=requests[i].seed + attempt * _RETRY_SEED_STEP) for i in todo
-        ]
+        retry = [dataclasses.replace(requests[i], seed=requests[i].seed + attempt * _RETRY_SEED_STEP) for i in todo]
         for i, res in zip(todo, engine.generate(retry), strict=True):
             g = out[i]
             g.attempts += 1

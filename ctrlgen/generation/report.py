@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+from ctrlgen.errors import CtrlgenError
 from ctrlgen.metrics.leakage import elp_icl, pipp_icl
 
-__all__ = ["ModeLeakage", "leakage_by_mode", "leakage_table"]
+__all__ = ["ModeLeakage", "leakage_by_mode", "leakage_table", "read_generated"]
 
 _ORDER = ("baseline", "icl", "icl_blocking")
 
@@ -32,6 +34,18 @@ class ModeLeakage:
     pipp_released: float
     elp_released: float
     retried: int
+
+
+def read_generated(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a generation output directory (Parquet partitioned by ``mode=...``)."""
+    import pyarrow.dataset as pads
+
+    root = Path(path)
+    files = sorted(str(f) for f in root.rglob("*.parquet")) if root.is_dir() else []
+    if not files:
+        raise CtrlgenError(f"{root} holds no generated Parquet files (run `ctrlgen generate` first)")
+    ds = pads.dataset(files, format="parquet", partitioning="hive", partition_base_dir=str(root))
+    return ds.to_table().to_pylist()
 
 
 def _norm(vs: Iterable[str]) -> set[str]:

@@ -1,7 +1,6 @@
 """The Ray Data extraction job on a real local Ray cluster started by the test."""
 
 import json
-import os
 
 import pyarrow.dataset as pads
 import pytest
@@ -11,16 +10,6 @@ from ctrlgen.config import load_config
 from ctrlgen.schema import table_to_documents
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    # 4 logical CPUs on 2 cores: avoids the read-task deadlocks listed in RAY_NOTES.
-    ray.init(address="local", num_cpus=4, include_dashboard=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
 
 
 def _ok_documents(out):

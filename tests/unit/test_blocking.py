@@ -84,7 +84,13 @@ def test_identical_greedy_outputs_to_transformers_bad_words_ids() -> None:
 
 
 def test_casing_variants_cover_the_method() -> None:
-    assert casing_variants("mcDonald smith") == ["mcDonald smith", "mcdonald smith", "MCDONALD SMITH", "Mcdonald Smith", "McDonald smith"]
+    assert casing_variants("mcDonald smith") == [
+        "mcDonald smith",
+        "mcdonald smith",
+        "MCDONALD SMITH",
+        "Mcdonald Smith",
+        "McDonald smith",
+    ]
 
 
 def test_banned_sequences_include_leading_space_variant() -> None:

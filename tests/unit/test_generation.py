@@ -129,7 +129,11 @@ def test_icl_stage_writes_every_mode_for_every_row(tiny: tuple[object, object]) 
     by = {(r["doc_id"], r["mode"]): r for r in out}
     for d in ("d0", "d1", "d2"):
         # Modes are paired: same contexts; ICL modes share the fictional code; a document is never its own context.
-        assert by[(d, "baseline")]["context_ids"] == by[(d, "icl")]["context_ids"] == by[(d, "icl_blocking")]["context_ids"]
+        assert (
+            by[(d, "baseline")]["context_ids"]
+            == by[(d, "icl")]["context_ids"]
+            == by[(d, "icl_blocking")]["context_ids"]
+        )
         assert d not in by[(d, "icl")]["context_ids"]
         assert by[(d, "icl")]["fictional_code"] == by[(d, "icl_blocking")]["fictional_code"] != ""
         assert by[(d, "baseline")]["fictional_code"] == ""

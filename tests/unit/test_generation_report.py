@@ -1,0 +1,53 @@
+"""PIPP/ELP per mode from generated rows."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ctrlgen.cli import main
+from ctrlgen.generation.icl import GENERATED_SCHEMA
+from ctrlgen.generation.report import leakage_by_mode, leakage_table
+
+
+def _row(mode: str, text: str, ctx: list[str], first: list[str], released: bool = True, attempts: int = 1) -> dict:
+    return {
+        "doc_id": "d", "mode": mode, "context_ids": [], "fictional_code": "", "text": text, "context_values": ctx,
+        "leaked_first": first, "leaked": [], "attempts": attempts, "released": released, "new_tokens": 1,
+        "finish": "stop", "status": "ok", "reason": "",
+    }  # fmt: skip
+
+
+ROWS = [
+    _row("icl", "Alice was here", ["Alice", "Bob"], ["alice"]),
+    _row("icl", "nobody", ["Carol"], []),
+    _row("icl_blocking", "clean text", ["Alice", "Bob"], ["bob"], attempts=2),
+    _row("icl_blocking", "Bob again", ["Bob"], ["bob"], released=False, attempts=4),
+    {**_row("baseline", "", [], []), "status": "quarantined"},
+]
+
+
+def test_first_attempt_and_released_figures() -> None:
+    stats = {s.mode: s for s in leakage_by_mode(ROWS)}
+    assert list(stats) == ["baseline", "icl", "icl_blocking"]
+    assert stats["baseline"].quarantined == 1 and stats["baseline"].outputs == 0
+    icl = stats["icl"]
+    assert icl.pipp_first == pytest.approx(0.5) and icl.elp_first == pytest.approx(0.25)
+    assert icl.pipp_released == pytest.approx(0.5)  # recomputed from the text
+    gated = stats["icl_blocking"]
+    assert gated.pipp_first == 1.0 and gated.withheld == 1 and gated.released == 1 and gated.retried == 2
+    assert gated.pipp_released == 0.0 and gated.elp_released == 0.0
+    assert "| icl_blocking | 2 | 0 | 100.00 |" in leakage_table(list(stats.values()))
+
+
+def test_leakage_verb_reads_partitioned_output(tmp_path, capsys) -> None:
+    for mode in ("icl", "icl_blocking"):
+        d = tmp_path / "generated" / f"mode={mode}"
+        d.mkdir(parents=True)
+        rows = [{k: v for k, v in r.items() if k != "mode"} for r in ROWS if r["mode"] == mode]
+        pq.write_table(pa.Table.from_pylist(rows, schema=GENERATED_SCHEMA.remove(1)), d / "part.parquet")
+    (tmp_path / "generated" / "leakage.md").write_text("not parquet")
+    assert main(["leakage", f"output_dir={tmp_path}", "--format", "json"]) == 0
+    assert '"mode": "icl_blocking"' in capsys.readouterr().out
+    assert main(["leakage", f"output_dir={tmp_path / 'missing'}"]) == 2
