@@ -79,16 +79,29 @@ def cmd_codes(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
 def cmd_demo(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     """The main job on the embedded default: the stages that exist, end to end."""
     from ctrlgen.demo import write_demo_corpus
+    from ctrlgen.generation.report import read_generated
     from ray_jobs.extract import run
+    from ray_jobs.generate import run as run_generate
 
     n = cfg.demo_corpus.n_notes
-    print(f"== 1/3 demo corpus: {n:,} MIMIC-format notes (seed {cfg.demo_corpus.seed})")
+    print(f"== 1/4 demo corpus: {n:,} MIMIC-format notes (seed {cfg.demo_corpus.seed})")
     print(f"   {write_demo_corpus(cfg.demo_corpus)}")
-    print(f"== 2/3 entity extraction on Ray ({cfg.extraction.setting} setting, {cfg.extraction.num_actors} actors)")
+    print(f"== 2/4 entity extraction on Ray ({cfg.extraction.setting} setting, {cfg.extraction.num_actors} actors)")
     summary = run(cfg)
     print(summary.text())
-    print("== 3/3 control codes of the first documents")
+    print("== 3/4 control codes of the first documents")
     _print_extracted_codes(cfg, Path(summary.output))
+    g = cfg.generation
+    print(
+        f"== 4/4 ICL generation on Ray ({cfg.model.name}, {g.num_documents or 'all'} documents, "
+        f"modes {', '.join(g.modes)}, {g.num_actors} actors)"
+    )
+    cfg = cfg.model_copy(update={"generation": g.model_copy(update={"input": summary.output})})
+    gen = run_generate(cfg)
+    print(gen.text())
+    released = [r for r in read_generated(gen.output) if r["mode"] != "baseline" and r["released"]]
+    for row in released[: min(cfg.show, 1)]:
+        print(f"--- synthetic note ({row['mode']}) for the fictional code\n{row['fictional_code']}\n---\n{row['text']}")
     print("done; outputs in", cfg.output_dir)
     return 0
 

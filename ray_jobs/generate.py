@@ -173,7 +173,7 @@ def run(cfg: CtrlgenConfig) -> GenerateSummary:
         file=sys.stderr,
         flush=True,
     )
-    per_block = max(1, g.batch_size * 2)
+    per_block = g.batch_size  # one generate call per block: blocks spread evenly over the actors
     out_ds = targets.repartition(target_num_rows_per_block=per_block).map_batches(
         GenerateActor,
         fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "pool_rows": pool, "exclude": list(exclude)},

@@ -160,7 +160,8 @@ class HFEngine:
         vocab = int(self.model.get_output_embeddings().weight.shape[0])
         processors: list[Any] = []
         if any(r.banned for r in batch):
-            processors.append(RowBannedTokens([r.banned for r in batch], vocab))
+            # In place: generate() is not asked for raw logits here, so nothing else holds the scores.
+            processors.append(RowBannedTokens([r.banned for r in batch], vocab, inplace=True))
         processors.append(RowSampler([r.seed for r in batch], self.sampling.temperature, self.sampling.top_p))
         stops = sorted({s for r in batch for s in r.stop})
         gen_cfg = GenerationConfig(
