@@ -115,6 +115,10 @@ class RowBannedTokens:
         self.single_toks = torch.tensor([t for _, t in pairs], dtype=torch.long, device=device)
         # Longer bans: (row, prefix) -> last tokens; a step looks up each row's suffixes.
         self.multi = {k: list(v) for k, v in multi.items()}
+        ends: dict[tuple[int, int], set[int]] = {}
+        for b, prefix in multi:
+            ends.setdefault((b, prefix[-1]), set()).add(len(prefix))
+        self.ends = {k: sorted(v) for k, v in ends.items()}  # (row, last prefix token) -> prefix lengths
         self.plen_values = sorted(plens)
         self.max_plen = max(plens, default=0)
         self.n_multi = sum(len(v) for v in self.multi.values())
@@ -126,14 +130,18 @@ class RowBannedTokens:
         toks: list[int] = []
         if not self.multi:
             return rows, toks
-        seq = input_ids.shape[1]
         tails = input_ids[:, -self.max_plen :].tolist()  # [batch, <= max_plen]
         for b, tail in enumerate(tails):
+            # Only prefix lengths whose prefixes end with this row's last token can match.
+            lengths = self.ends.get((b, tail[-1]))
+            if not lengths:
+                continue
             n = len(tail)
-            for k in self.plen_values:
-                if k > seq:  # prefix longer than the sequence: cannot match (as in transformers)
-                    break
-                hit = self.multi.get((b, tuple(tail[n - k :])))
+            t = tuple(tail)
+            for k in lengths:
+                if k > n:  # prefix longer than the sequence: cannot match (as in transformers)
+                    continue
+                hit = self.multi.get((b, t[n - k :]))
                 if hit:
                     rows.extend([b] * len(hit))
                     toks.extend(hit)
