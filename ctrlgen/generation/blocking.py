@@ -37,6 +37,7 @@ import torch
 
 __all__ = ["RowBannedTokens", "banned_sequences", "casing_variants"]
 
+
 def casing_variants(value: str) -> list[str]:
     """As written, lower, upper, title and capitalised (METHOD.md section 4), distinct, in that order."""
     out: list[str] = []
