@@ -153,7 +153,7 @@ def run(cfg: CtrlgenConfig) -> GenerateSummary:
     if not src.exists() or not any(src.rglob("*.parquet")):
         raise CtrlgenError(f"generation input {src} holds no Parquet files (run `ctrlgen extract` first)")
     init_ray(cfg)
-    ds = ray.data.read_parquet(str(src), columns=_COLUMNS)
+    ds = ray.data.read_parquet(str(src)).select_columns(_COLUMNS)
     exclude = ds.map_batches(_values_of, batch_format="pyarrow").unique("value")
     eligible = ds.map_batches(_has_code, batch_format="pyarrow") if g.require_code else ds
     pool = _sample(eligible, g.context_pool_size, g.seed, "pool")
