@@ -20,7 +20,6 @@ job first when ``generation.input`` is not set), then:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import sys
@@ -74,17 +73,13 @@ class GenerateActor:
         return generate_rows(rows, self.pool, self.engine, self.tokenizer, cfg, self.fictional, progress)
 
 
-def _hash_key(seed: int, salt: str, doc_ids: list[str]) -> list[int]:
-    return [
-        int.from_bytes(hashlib.sha256(f"{seed}\x1f{salt}\x1f{d}".encode()).digest()[:8], "big") >> 1 for d in doc_ids
-    ]
-
-
 def _top_k(k: int, seed: int, salt: str) -> Any:
     """A map_batches function keeping the k rows of a batch with the smallest per-document hash."""
 
+    from ctrlgen.generation.icl import row_seed
+
     def fn(batch: pa.Table) -> pa.Table:
-        keys = pa.array(_hash_key(seed, salt, batch.column("doc_id").to_pylist()), pa.int64())
+        keys = pa.array([row_seed(seed, salt, d) for d in batch.column("doc_id").to_pylist()], pa.int64())
         batch = batch.append_column("_key", keys)
         return batch.sort_by("_key").slice(0, k)
 

@@ -122,8 +122,6 @@ class RowBannedTokens:
         self.ends = {k: sorted(v) for k, v in ends.items()}  # (row, last prefix token) -> prefix lengths
         self.plen_values = sorted(plens)
         self.max_plen = max(plens, default=0)
-        self.n_multi = sum(len(v) for v in self.multi.values())
-        self.device = device
 
     def _step_pairs(self, input_ids: torch.Tensor) -> tuple[list[int], list[int]]:
         """(row, token) pairs banned at this step by sequences longer than one token."""

@@ -119,22 +119,32 @@ def generate_rows(
             banned_cache[ctx.doc_id] = tuple(tuple(s) for s in seqs)
         return banned_cache[ctx.doc_id]
 
+    # Per row, once for all modes: its contexts, their values, and its fictional code (or why not).
+    prepared = []
+    for r in rows:
+        doc_id = str(r["doc_id"])
+        rng = random.Random(row_seed(cfg.seed, doc_id, "contexts"))
+        contexts = rng.sample([c for c in pool if c.doc_id != doc_id], cfg.n_context)
+        values = sorted({v for c in contexts for v in c.values})
+        fake, error = "", ""
+        if any(m != "baseline" for m in cfg.modes):
+            try:
+                fake = format_control_code(
+                    fictional.fictionalize(parse_control_code(r.get("control_code") or ""), doc_id)
+                )
+            except CtrlgenError as exc:
+                error = f"fictional code: {exc}"
+        prepared.append((doc_id, contexts, values, fake, error))
+
     # Per mode: the requests of this batch, their known values, and the row skeletons.
     for mode in cfg.modes:
         requests: list[GenerationRequest] = []
         known: list[list[str]] = []
         skeletons: list[dict[str, Any]] = []
-        for r in rows:
-            doc_id = str(r["doc_id"])
-            try:
-                code = parse_control_code(r.get("control_code") or "")
-                fake = format_control_code(fictional.fictionalize(code, doc_id)) if mode != "baseline" else ""
-            except CtrlgenError as exc:
-                out.append(_quarantined(doc_id, mode, f"fictional code: {exc}"))
+        for doc_id, contexts, values, fake, error in prepared:
+            if mode != "baseline" and error:
+                out.append(_quarantined(doc_id, mode, error))
                 continue
-            rng = random.Random(row_seed(cfg.seed, doc_id, "contexts"))
-            choices = [c for c in pool if c.doc_id != doc_id]
-            contexts = rng.sample(choices, cfg.n_context)
             if mode == "baseline":
                 prompt = baseline_prompt([c.text for c in contexts])
             else:
@@ -145,14 +155,13 @@ def generate_rows(
                 for c in contexts:
                     merged.update(dict.fromkeys(banned_of(c)))
                 banned = tuple(merged)
-            values = sorted({v for c in contexts for v in c.values})
             requests.append(
                 GenerationRequest(prompt, banned, row_seed(cfg.seed, doc_id, mode), tuple(stop_strings(mode)))
             )
             known.append(values)
             skeletons.append(
                 {"doc_id": doc_id, "mode": mode, "context_ids": [c.doc_id for c in contexts],
-                 "fictional_code": fake, "context_values": values}
+                 "fictional_code": fake if mode != "baseline" else "", "context_values": values}
             )  # fmt: skip
         gate_on = cfg.gate.enabled and mode in cfg.gate.modes
         t0 = time.perf_counter()

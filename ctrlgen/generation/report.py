@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrlgen.errors import CtrlgenError
-from ctrlgen.metrics.leakage import elp_icl, pipp_icl
+from ctrlgen.metrics.leakage import elp_icl, normalize_value, pipp_icl
 
 __all__ = ["ModeLeakage", "leakage_by_mode", "leakage_table", "read_generated"]
 
@@ -49,7 +49,7 @@ def read_generated(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _norm(vs: Iterable[str]) -> set[str]:
-    return {" ".join(v.split()).casefold() for v in vs if v and v.strip()}
+    return {normalize_value(v) for v in vs if v and v.strip()}
 
 
 def leakage_by_mode(rows: Iterable[dict[str, Any]]) -> list[ModeLeakage]:
