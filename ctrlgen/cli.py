@@ -134,11 +134,28 @@ def cmd_generate(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+    from ray_jobs.train import run
+
+    summary = run(cfg)
+    print(summary.text())
+    return 0
+
+
 def cmd_leakage(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
-    from ctrlgen.generation.report import leakage_by_mode, leakage_table, read_generated
+    from ctrlgen.generation.report import (
+        FINETUNE_MODES,
+        finetune_values,
+        leakage_by_mode,
+        leakage_table,
+        read_generated,
+    )
 
     rows = read_generated(args.input or Path(cfg.output_dir) / "generated")
-    print(leakage_table(leakage_by_mode(rows), args.format))
+    finetune = None
+    if any(r["mode"] in FINETUNE_MODES for r in rows):
+        finetune = finetune_values(cfg.generation.finetune_data or Path(cfg.output_dir) / "train_data")
+    print(leakage_table(leakage_by_mode(rows, finetune), args.format))
     return 0
 
 
@@ -258,6 +275,11 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
         cmd_generate,
         "Ray Data job: ICL synthetic notes (baseline, icl, icl_blocking + release gate) from the "
         "extraction output; prints PIPP/ELP per mode.",
+    ),
+    "train": (
+        cmd_train,
+        "Ray Train job: prefix tuning (training.variant masked | plain) with DeepSpeed on "
+        "training.num_workers workers; checkpoints, resumes, writes <output_dir>/adapter (PEFT format).",
     ),
     "leakage": (cmd_leakage, "PIPP/ELP per mode of generated Parquet output (recomputed from the text)."),
     "assets": (cmd_assets, "Load the offline spaCy pipeline and sentence encoder to check they are installed."),

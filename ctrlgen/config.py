@@ -32,6 +32,7 @@ __all__ = [
     "GenerationConfig",
     "GenerationMode",
     "GenericCorpusConfig",
+    "LossWeightsConfig",
     "MimicCorpusConfig",
     "ModelConfig",
     "NlpAssetsConfig",
@@ -39,6 +40,7 @@ __all__ = [
     "RayConfig",
     "SamplingConfig",
     "TabCorpusConfig",
+    "TrainingConfig",
     "apply_overrides",
     "default_cache_dir",
     "load_config",
@@ -218,7 +220,7 @@ class ExtractionConfig(_Model):
     rows_per_file: int = Field(20_000, ge=1, description="Rows the writer gathers per output Parquet file.")
 
 
-GenerationMode = Literal["baseline", "icl", "icl_blocking"]
+GenerationMode = Literal["baseline", "icl", "icl_blocking", "prefix"]
 
 
 class SamplingConfig(_Model):
@@ -251,7 +253,17 @@ class GenerationConfig(_Model):
     modes: list[GenerationMode] = Field(
         default_factory=lambda: list[GenerationMode](["baseline", "icl", "icl_blocking"]),
         description="baseline (3 real documents, no codes), icl (3 real pairs + fictional code), "
-        "icl_blocking (icl with every private value of the 3 contexts hard-blocked).",
+        "icl_blocking (icl with every private value of the 3 contexts hard-blocked), prefix (the "
+        "fictional code alone through the prefix-tuned model of `adapter`).",
+    )
+    adapter: str | None = Field(
+        None,
+        description="PEFT prefix adapter for the prefix mode (a `ctrlgen train` output); default <output_dir>/adapter.",
+    )
+    finetune_data: str | None = Field(
+        None,
+        description="The adapter's training examples (`ctrlgen train` writes them): the prefix mode's "
+        "leakage is measured against all their private values. Default <output_dir>/train_data.",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
@@ -277,6 +289,70 @@ class GenerationConfig(_Model):
     num_actors: int = Field(1, ge=1, description="Generator actors (model loaded once per actor).")
     actor_num_cpus: float = Field(1.0, gt=0, description="Logical CPUs per generator actor.")
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per actor (None: torch default).")
+
+
+class LossWeightsConfig(_Model):
+    """l_LM, l_c, l_KL of the masked loss (paper: all 1)."""
+
+    lm: float = Field(1.0, ge=0.0)
+    contrastive: float = Field(1.0, ge=0.0)
+    kl: float = Field(1.0, ge=0.0)
+
+
+class TrainingConfig(_Model):
+    """Prefix tuning with the privacy-masked loss (METHOD.md section 5) on Ray Train + DeepSpeed."""
+
+    input: str | None = Field(
+        None,
+        description="Extraction output (status=ok Parquet directory or its parent). Default: run the "
+        "extraction job first into <output_dir>/extracted.",
+    )
+    variant: Literal["masked", "plain"] = Field(
+        "masked",
+        description="masked: L_LM + L_contrastive + L_KL with `weights`; plain: prefix tuning with L_LM only "
+        "(the comparison variant; no base-model forward).",
+    )
+    weights: LossWeightsConfig = Field(default_factory=LossWeightsConfig)
+    reduction: Literal["mean", "sum"] = Field(
+        "mean", description="mean: every term divided by the batch's output tokens; sum: the formula as written."
+    )
+    num_virtual_tokens: int = Field(20, ge=1, description="Prefix length (paper: 20).")
+    learning_rate: float = Field(5e-5, gt=0.0, description="AdamW learning rate (paper: 5e-5).")
+    weight_decay: float = Field(0.0, ge=0.0)
+    epochs: int = Field(3, ge=1, description="Passes over the training documents (paper: 3).")
+    max_steps: int | None = Field(
+        None, ge=1, description="Stop after this many optimizer steps in total (None: `epochs` full passes)."
+    )
+    batch_size: int = Field(4, ge=1, description="Documents per worker per step.")
+    max_doc_tokens: int = Field(512, ge=8, description="Document tokens kept per example (the rest is cut).")
+    max_code_tokens: int = Field(
+        256, ge=8, description="Examples whose code prompt is longer than this are quarantined."
+    )
+    num_documents: int | None = Field(
+        None, ge=1, description="Train on a seeded sample of N documents (None: all eligible)."
+    )
+    require_code: bool = Field(True, description="Skip documents without a control code.")
+    seed: int = Field(0, description="Seeds the document sample and torch (prefix initialisation).")
+    num_workers: int = Field(2, ge=1, description="Ray Train workers (ScalingConfig.num_workers).")
+    use_gpu: bool = Field(False, description="One GPU per worker (NCCL) instead of CPU (gloo).")
+    cpus_per_worker: float = Field(
+        0.5, gt=0, description="Logical CPUs per worker (RAY_NOTES: 1 CPU x 2 workers on 2 CPUs deadlocks)."
+    )
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per worker (None: Ray's).")
+    deepspeed: str = Field(
+        "configs/deepspeed/zero2.json",
+        description='DeepSpeed config (JSON); "auto" values are filled from this section.',
+    )
+    storage_path: str | None = Field(
+        None,
+        description="Ray Train storage (checkpoints); default <output_dir>/ray_train. Shared storage on a cluster.",
+    )
+    run_name: str = Field("prefix", description="Ray Train run name; re-running the same name resumes it.")
+    resume: bool = Field(True, description="Resume from the run's latest checkpoint; false starts it afresh.")
+    checkpoint_every: int = Field(50, ge=1, description="Checkpoint every N steps (and at the end).")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept in storage.")
+    max_failures: int = Field(0, ge=0, description="Worker-group restarts from the latest checkpoint on failure.")
+    log_every: int = Field(10, ge=1, description="Print a progress line every N steps.")
 
 
 class RayConfig(_Model):
@@ -307,6 +383,7 @@ class CtrlgenConfig(_Model):
     nlp: NlpAssetsConfig = Field(default_factory=NlpAssetsConfig)
     extraction: ExtractionConfig = Field(default_factory=ExtractionConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     output_dir: str = Field("runs/demo", description="Where stages write their outputs.")
     show: int = Field(3, ge=0, description="How many control codes the demo prints.")

@@ -41,6 +41,7 @@ __all__ = [
     "BUILTIN_MODELS",
     "SMOLLM2_GGUF",
     "load_causal_lm",
+    "load_tokenizer",
     "prepare_builtin",
     "resolve_model_dir",
     "tiny_llama",
@@ -197,6 +198,23 @@ def tiny_llama(seed: int = 0, **overrides: Any) -> tuple[PreTrainedModel, PreTra
     model = LlamaForCausalLM(LlamaConfig(**fields))
     model.eval()
     return model, tok
+
+
+def load_tokenizer(model: ModelConfig | str) -> PreTrainedTokenizerBase:
+    """The tokenizer of :func:`load_causal_lm` alone (cheap: no weights are read)."""
+    cfg = ModelConfig(name=model) if isinstance(model, str) else model
+    if cfg.name == "tiny-llama":
+        return tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    where = resolve_model_dir(cfg.name, cfg.cache_dir)
+    try:
+        tok = AutoTokenizer.from_pretrained(where, local_files_only=True)
+    except OSError as exc:
+        raise ModelError(f"no local tokenizer for model {cfg.name!r} ({type(exc).__name__})") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
 
 
 def load_causal_lm(model: ModelConfig | str, *, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

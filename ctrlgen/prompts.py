@@ -18,7 +18,10 @@ stopped when it starts a new control code (``Control code:``). The baseline
 prompt is the three real documents without codes, stopped at the next
 ``Document:``. Context documents longer than ``max_context_tokens`` are cut at a
 token boundary (the cut is stated in docs/generation.md: long MIMIC notes would
-otherwise overflow the model's window).
+otherwise overflow the model's window). Prefix tuning (variant B) uses one
+block alone, :func:`prefix_prompt`: ``Control code:\n<code>\nDocument:\n``, as
+the training input c_i (the document is the output) and, with a fictional code,
+as the generation prompt.
 
 Example:
     >>> p = icl_prompt([("PERSON: A B", "Doc one.")], "PERSON: C D")
@@ -31,7 +34,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CODE_HEADER", "DOC_HEADER", "baseline_prompt", "icl_prompt", "stop_strings", "truncate_to_tokens"]
+__all__ = [
+    "CODE_HEADER",
+    "DOC_HEADER",
+    "baseline_prompt",
+    "icl_prompt",
+    "prefix_prompt",
+    "stop_strings",
+    "truncate_to_tokens",
+]
 
 CODE_HEADER = "Control code:"
 DOC_HEADER = "Document:"
@@ -57,6 +68,11 @@ def baseline_prompt(documents: Sequence[str]) -> str:
     blocks = [_block(None, doc) for doc in documents]
     blocks.append(_block(None, None))
     return "\n".join(blocks)
+
+
+def prefix_prompt(code: str) -> str:
+    """Prefix tuning's input c_i (training) and c_f (generation): one code, ending after ``Document:``."""
+    return _block(code, None)
 
 
 def stop_strings(mode: str) -> list[str]:

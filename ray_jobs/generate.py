@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ctrlgen.config import CtrlgenConfig, load_config
 from ctrlgen.errors import CtrlgenError
@@ -42,7 +40,14 @@ _COLUMNS = ["doc_id", "text", "control_code"]
 class GenerateActor:
     """Callable class for ``map_batches``: loads the model once, then generates per batch."""
 
-    def __init__(self, cfg_json: str, pool_rows: list[dict[str, Any]], exclude: list[str]) -> None:
+    def __init__(
+        self,
+        cfg_json: str,
+        pool_rows: list[dict[str, Any]],
+        exclude: list[str],
+        adapter: str | None = None,
+        finetune: list[str] | None = None,
+    ) -> None:
         import torch
 
         from ctrlgen.fictional import FictionalCodes
@@ -56,6 +61,15 @@ class GenerateActor:
             torch.set_num_threads(g.torch_threads)
         model, self.tokenizer = load_causal_lm(self.cfg.model)
         self.engine = HFEngine(model, self.tokenizer, g.sampling, g.batch_size)
+        self.prefix_engine = None
+        if adapter is not None:
+            from ctrlgen.training.prefix import load_prefix_model
+
+            # The PEFT model generates with the learned prefix (the bare base model would skip it);
+            # prompt learning leaves the base model itself untouched for the other modes.
+            tuned = load_prefix_model(model, adapter)
+            self.prefix_engine = HFEngine(tuned, self.tokenizer, g.sampling, g.batch_size)
+        self.finetune = finetune or []
         self.pool = build_pool(pool_rows, self.tokenizer, g.max_context_tokens)
         self.fictional = FictionalCodes(g.seed, exclude, same_counts=g.same_counts)
         self.done = 0
@@ -70,44 +84,10 @@ class GenerateActor:
             print(f"[generate actor {os.getpid()}] {line} (documents so far: {self.done})", flush=True)
 
         cfg = self.cfg.generation
-        return generate_rows(rows, self.pool, self.engine, self.tokenizer, cfg, self.fictional, progress)
-
-
-def _top_k(k: int, seed: int, salt: str) -> Any:
-    """A map_batches function keeping the k rows of a batch with the smallest per-document hash."""
-
-    from ctrlgen.generation.icl import row_seed
-
-    def fn(batch: pa.Table) -> pa.Table:
-        keys = pa.array([row_seed(seed, salt, d) for d in batch.column("doc_id").to_pylist()], pa.int64())
-        batch = batch.append_column("_key", keys)
-        return batch.sort_by("_key").slice(0, k)
-
-    return fn
-
-
-def _sample(ds: Any, k: int, seed: int, salt: str) -> list[dict[str, Any]]:
-    """The k rows with the smallest hash of (seed, salt, doc_id): a seeded sample, order-independent."""
-    rows = ds.map_batches(_top_k(k, seed, salt), batch_format="pyarrow", batch_size=4096).take_all()
-    rows.sort(key=lambda r: r["_key"])
-    return [{c: r[c] for c in _COLUMNS} for r in rows[:k]]
-
-
-def _values_of(batch: pa.Table) -> pa.Table:
-    from ctrlgen.codes import parse_control_code
-    from ctrlgen.fictional import code_values
-
-    vals = {v for code in batch.column("control_code").to_pylist() for v in code_values(parse_control_code(code or ""))}
-    return pa.table({"value": pa.array(sorted(vals), pa.string())})
-
-
-def _has_code(batch: pa.Table) -> pa.Table:
-    codes = pc.fill_null(batch.column("control_code"), "")
-    return batch.filter(pc.not_equal(codes, ""))
-
-
-def _ok_dir(path: Path) -> Path:
-    return path / "status=ok" if (path / "status=ok").is_dir() else path
+        return generate_rows(
+            rows, self.pool, self.engine, self.tokenizer, cfg, self.fictional, progress,
+            prefix_engine=self.prefix_engine, finetune_values=self.finetune,
+        )  # fmt: skip
 
 
 @dataclass
@@ -131,58 +111,61 @@ def run(cfg: CtrlgenConfig) -> GenerateSummary:
     """Extraction output -> pool, exclusion set, targets -> actor pool -> Parquet -> PIPP/ELP."""
     import ray
 
-    from ctrlgen.generation.report import leakage_by_mode, leakage_table, read_generated
+    from ctrlgen.generation.report import finetune_values, leakage_by_mode, leakage_table, read_generated
+    from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample, values_of
     from ray_jobs.extract import init_ray
-    from ray_jobs.extract import run as run_extract
 
     g = cfg.generation
     t0 = time.perf_counter()
-    if g.input is None:
-        print("generate: no generation.input; running the extraction job first", file=sys.stderr, flush=True)
-        ext = run_extract(cfg)
-        print(ext.text(), file=sys.stderr, flush=True)
-        src = Path(ext.output)
-    else:
-        src = Path(g.input)
-    src = _ok_dir(src)
-    if not src.exists() or not any(src.rglob("*.parquet")):
-        raise CtrlgenError(f"generation input {src} holds no Parquet files (run `ctrlgen extract` first)")
+    adapter, finetune = None, None
+    if "prefix" in g.modes:  # checked before anything runs
+        adapter = Path(g.adapter or Path(cfg.output_dir) / "adapter").resolve()
+        if not (adapter / "adapter_config.json").is_file():
+            raise CtrlgenError(f"the prefix mode needs a PEFT adapter; {adapter} has none (run `ctrlgen train` first)")
+        finetune = finetune_values(g.finetune_data or Path(cfg.output_dir) / "train_data")
+    src = extraction_input(cfg, g.input, "generation")
     init_ray(cfg)
     ds = ray.data.read_parquet(str(src)).select_columns(_COLUMNS)
-    exclude = ds.map_batches(_values_of, batch_format="pyarrow").unique("value")
-    eligible = ds.map_batches(_has_code, batch_format="pyarrow") if g.require_code else ds
-    pool = _sample(eligible, g.context_pool_size, g.seed, "pool")
-    if len(pool) < g.n_context + 1:
+    exclude = ds.map_batches(values_of, batch_format="pyarrow").unique("value")
+    eligible = ds.map_batches(has_code, batch_format="pyarrow") if g.require_code else ds
+    icl = any(m != "prefix" for m in g.modes)
+    pool = seeded_sample(eligible, g.context_pool_size, g.seed, "pool", _COLUMNS) if icl else []
+    if icl and len(pool) < g.n_context + 1:
         raise CtrlgenError(
             f"only {len(pool)} eligible documents in {src}; ICL needs at least {g.n_context + 1} "
             "(documents without a control code are skipped when generation.require_code is true)"
         )
     if g.num_documents is not None:
-        targets = ray.data.from_items(_sample(eligible, g.num_documents, g.seed, "targets"))
+        targets = ray.data.from_items(seeded_sample(eligible, g.num_documents, g.seed, "targets", _COLUMNS))
     else:
         targets = eligible
     n_targets = targets.count()
     print(
         f"generate: {n_targets:,} target documents, pool {len(pool)}, {len(exclude):,} real private values "
-        f"excluded from fictional codes, modes {', '.join(g.modes)}",
+        f"excluded from fictional codes, modes {', '.join(g.modes)}"
+        + (f", adapter {adapter} ({len(finetune or []):,} fine-tuning values)" if adapter else ""),
         file=sys.stderr,
         flush=True,
     )
     per_block = g.batch_size  # one generate call per block: blocks spread evenly over the actors
     out_ds = targets.repartition(target_num_rows_per_block=per_block).map_batches(
         GenerateActor,
-        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "pool_rows": pool, "exclude": list(exclude)},
+        fn_constructor_kwargs={
+            "cfg_json": cfg.model_dump_json(),
+            "pool_rows": pool,
+            "exclude": list(exclude),
+            "adapter": str(adapter) if adapter else None,
+            "finetune": finetune,
+        },
         batch_size=per_block,
         batch_format="pyarrow",
         num_cpus=g.actor_num_cpus,
         compute=ray.data.ActorPoolStrategy(size=g.num_actors),
     )
-    out = Path(cfg.output_dir).resolve() / "generated"
-    if out.exists():
-        shutil.rmtree(out)
+    out = reset_dir(Path(cfg.output_dir).resolve() / "generated")
     out_ds.write_parquet(str(out), partition_cols=["mode"])
     rows = read_generated(out)
-    stats = leakage_by_mode(rows)
+    stats = leakage_by_mode(rows, finetune)
     table = leakage_table(stats)
     (out / "leakage.md").write_text(table + "\n", encoding="utf-8")
     (out / "leakage.json").write_text(leakage_table(stats, "json") + "\n", encoding="utf-8")

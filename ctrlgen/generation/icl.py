@@ -11,6 +11,10 @@ columns of :data:`GENERATED_SCHEMA`. For every target document:
   real (code, document) pairs and the fictional code, ``icl_blocking`` as ``icl``
   with every private value of the contexts hard-blocked (casing and
   leading-space variants);
+* ``prefix`` prompts with the fictional code alone (:func:`~ctrlgen.prompts.prefix_prompt`)
+  through ``prefix_engine``, the prefix-tuned model; it has no contexts, and its
+  outputs are checked against the private values of the whole fine-tuning set
+  (``finetune_values``), the fine-tuning definition of leakage;
 * the release gate runs on the modes configured for it.
 
 A target whose code cannot be fictionalised, or whose generation fails, comes
@@ -36,7 +40,7 @@ from ctrlgen.fictional import FictionalCodes, code_values
 from ctrlgen.generation.blocking import banned_sequences
 from ctrlgen.generation.engine import GenerationEngine, GenerationRequest
 from ctrlgen.generation.gate import gated_generate
-from ctrlgen.prompts import baseline_prompt, icl_prompt, stop_strings, truncate_to_tokens
+from ctrlgen.prompts import baseline_prompt, icl_prompt, prefix_prompt, stop_strings, truncate_to_tokens
 
 __all__ = ["GENERATED_SCHEMA", "ContextDoc", "build_pool", "generate_rows", "row_seed"]
 
@@ -102,14 +106,22 @@ def generate_rows(
     cfg: GenerationConfig,
     fictional: FictionalCodes,
     progress: Callable[[str], None] | None = None,
+    prefix_engine: GenerationEngine | None = None,
+    finetune_values: Sequence[str] = (),
 ) -> pa.Table:
     """Generate every configured mode for every target row; one output row per (row, mode).
 
     ``progress`` (if given) receives one line per mode: outputs, new tokens, seconds
-    (counts only, never text).
+    (counts only, never text). ``prefix_engine`` and ``finetune_values`` serve the
+    ``prefix`` mode (its ``context_values`` column stays empty: the reference set is
+    the fine-tuning set's, stated once by the job).
     """
-    if len(pool) < cfg.n_context + 1:
+    icl_modes = [m for m in cfg.modes if m != "prefix"]
+    if icl_modes and len(pool) < cfg.n_context + 1:
         raise CtrlgenError(f"context pool has {len(pool)} documents; need at least {cfg.n_context + 1}")
+    if "prefix" in cfg.modes and prefix_engine is None:
+        raise CtrlgenError("the prefix mode needs the prefix-tuned model (generation.adapter)")
+    finetune = sorted(set(finetune_values))
     out: list[dict[str, Any]] = []
     banned_cache: dict[str, tuple[tuple[int, ...], ...]] = {}
 
@@ -123,8 +135,10 @@ def generate_rows(
     prepared = []
     for r in rows:
         doc_id = str(r["doc_id"])
-        rng = random.Random(row_seed(cfg.seed, doc_id, "contexts"))
-        contexts = rng.sample([c for c in pool if c.doc_id != doc_id], cfg.n_context)
+        contexts: list[ContextDoc] = []
+        if icl_modes:
+            rng = random.Random(row_seed(cfg.seed, doc_id, "contexts"))
+            contexts = rng.sample([c for c in pool if c.doc_id != doc_id], cfg.n_context)
         values = sorted({v for c in contexts for v in c.values})
         fake, error = "", ""
         if any(m != "baseline" for m in cfg.modes):
@@ -147,6 +161,8 @@ def generate_rows(
                 continue
             if mode == "baseline":
                 prompt = baseline_prompt([c.text for c in contexts])
+            elif mode == "prefix":
+                prompt = prefix_prompt(fake)
             else:
                 prompt = icl_prompt([(c.code_text, c.text) for c in contexts], fake)
             banned: tuple[tuple[int, ...], ...] = ()
@@ -158,14 +174,16 @@ def generate_rows(
             requests.append(
                 GenerationRequest(prompt, banned, row_seed(cfg.seed, doc_id, mode), tuple(stop_strings(mode)))
             )
-            known.append(values)
+            prefix = mode == "prefix"
+            known.append(finetune if prefix else values)
             skeletons.append(
-                {"doc_id": doc_id, "mode": mode, "context_ids": [c.doc_id for c in contexts],
-                 "fictional_code": fake if mode != "baseline" else "", "context_values": values}
+                {"doc_id": doc_id, "mode": mode, "context_ids": [] if prefix else [c.doc_id for c in contexts],
+                 "fictional_code": fake if mode != "baseline" else "", "context_values": [] if prefix else values}
             )  # fmt: skip
         gate_on = cfg.gate.enabled and mode in cfg.gate.modes
         t0 = time.perf_counter()
-        gated = gated_generate(engine, requests, known, max_retries=cfg.gate.max_retries, enabled=gate_on)
+        eng = prefix_engine if mode == "prefix" and prefix_engine is not None else engine
+        gated = gated_generate(eng, requests, known, max_retries=cfg.gate.max_retries, enabled=gate_on)
         if progress is not None:
             secs = time.perf_counter() - t0
             toks = sum(g.result.new_tokens for g in gated)

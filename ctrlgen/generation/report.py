@@ -1,6 +1,7 @@
 """PIPP / ELP per generation mode, from the generated rows (the job's Parquet output).
 
-For each mode: outputs, quarantined rows, PIPP and ELP of the first attempt (what
+ICL modes use the ICL definitions, the prefix mode the fine-tuning ones (see
+:mod:`ctrlgen.metrics.leakage`). For each mode: outputs, quarantined rows, PIPP and ELP of the first attempt (what
 the method alone achieves) and, for the released outputs, PIPP and ELP recomputed
 from the released text with :mod:`ctrlgen.metrics.leakage` (for a gated mode this
 is zero by construction), plus how many outputs the gate withheld.
@@ -15,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from ctrlgen.errors import CtrlgenError
-from ctrlgen.metrics.leakage import elp_icl, normalize_value, pipp_icl
+from ctrlgen.metrics.leakage import elp_finetune, elp_icl, normalize_value, pipp_finetune, pipp_icl
 
-__all__ = ["ModeLeakage", "leakage_by_mode", "leakage_table", "read_generated"]
+__all__ = ["ModeLeakage", "finetune_values", "leakage_by_mode", "leakage_table", "read_generated"]
 
-_ORDER = ("baseline", "icl", "icl_blocking")
+_ORDER = ("baseline", "icl", "icl_blocking", "prefix")
+#: Modes measured with the fine-tuning definitions (against the whole fine-tuning set).
+FINETUNE_MODES = ("prefix",)
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,35 @@ def read_generated(path: str | Path) -> list[dict[str, Any]]:
     return ds.to_table().to_pylist()
 
 
+def finetune_values(path: str | Path) -> list[str]:
+    """The distinct private values of a fine-tuning set (the ``control_code`` column of its Parquet)."""
+    import pyarrow.dataset as pads
+
+    from ctrlgen.codes import parse_control_code
+    from ctrlgen.fictional import code_values
+
+    root = Path(path)
+    if (root / "status=ok").is_dir():
+        root = root / "status=ok"
+    files = sorted(str(f) for f in root.rglob("*.parquet")) if root.is_dir() else []
+    if not files:
+        raise CtrlgenError(f"{root} holds no training examples (the prefix mode needs `ctrlgen train`'s train_data)")
+    codes = pads.dataset(files, format="parquet").to_table(columns=["control_code"]).column("control_code")
+    return sorted({v for c in codes.to_pylist() for v in code_values(parse_control_code(c or ""))})
+
+
 def _norm(vs: Iterable[str]) -> set[str]:
     return {normalize_value(v) for v in vs if v and v.strip()}
 
 
-def leakage_by_mode(rows: Iterable[dict[str, Any]]) -> list[ModeLeakage]:
-    """Rows with the columns of ``GENERATED_SCHEMA`` -> one :class:`ModeLeakage` per mode."""
+def leakage_by_mode(rows: Iterable[dict[str, Any]], finetune: Iterable[str] | None = None) -> list[ModeLeakage]:
+    """Rows with the columns of ``GENERATED_SCHEMA`` -> one :class:`ModeLeakage` per mode.
+
+    ICL modes use the ICL definitions (each output against its own contexts' values);
+    the prefix mode the fine-tuning ones, against ``finetune`` (all private values of
+    the adapter's training set; required when prefix rows are present).
+    """
+    ft = sorted(_norm(finetune or ()))
     by: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by.setdefault(r["mode"], []).append(r)
@@ -62,24 +88,33 @@ def leakage_by_mode(rows: Iterable[dict[str, Any]]) -> list[ModeLeakage]:
         rs = by[mode]
         ok = [r for r in rs if r["status"] == "ok"]
         first = [len(r["leaked_first"]) > 0 for r in ok]
-        elp_terms = [
-            len(_norm(r["leaked_first"])) / len(_norm(r["context_values"])) if _norm(r["context_values"]) else 0.0
-            for r in ok
-        ]
         rel = [r for r in ok if r["released"]]
         texts = [r["text"] for r in rel]
-        ctx = [r["context_values"] for r in rel]
+        if mode in FINETUNE_MODES:
+            if not ft and ok:
+                raise CtrlgenError(f"mode {mode} is measured against the fine-tuning set: pass its values")
+            leaked_any = set().union(*(_norm(r["leaked_first"]) for r in ok)) if ok else set()
+            elp_first = len(leaked_any) / len(ft) if ft else 0.0
+            pipp_rel, elp_rel = pipp_finetune(texts, ft), elp_finetune(texts, ft)
+        else:
+            elp_terms = [
+                len(_norm(r["leaked_first"])) / len(_norm(r["context_values"])) if _norm(r["context_values"]) else 0.0
+                for r in ok
+            ]
+            elp_first = sum(elp_terms) / len(ok) if ok else 0.0
+            ctx = [r["context_values"] for r in rel]
+            pipp_rel, elp_rel = pipp_icl(texts, ctx), elp_icl(texts, ctx)
         out.append(
             ModeLeakage(
                 mode=mode,
                 outputs=len(ok),
                 quarantined=len(rs) - len(ok),
                 pipp_first=sum(first) / len(ok) if ok else 0.0,
-                elp_first=sum(elp_terms) / len(ok) if ok else 0.0,
+                elp_first=elp_first,
                 released=len(rel),
                 withheld=len(ok) - len(rel),
-                pipp_released=pipp_icl(texts, ctx),
-                elp_released=elp_icl(texts, ctx),
+                pipp_released=pipp_rel,
+                elp_released=elp_rel,
                 retried=sum(1 for r in ok if r["attempts"] > 1),
             )
         )

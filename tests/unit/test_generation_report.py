@@ -51,3 +51,39 @@ def test_leakage_verb_reads_partitioned_output(tmp_path, capsys) -> None:
     assert main(["leakage", f"output_dir={tmp_path}", "--format", "json"]) == 0
     assert '"mode": "icl_blocking"' in capsys.readouterr().out
     assert main(["leakage", f"output_dir={tmp_path / 'missing'}"]) == 2
+
+
+def test_prefix_mode_uses_the_fine_tuning_definitions(tmp_path, capsys) -> None:
+    """PIPP: share of outputs with any value of the fine-tuning set; ELP: distinct leaked / distinct values."""
+    rows = [
+        _row("prefix", "Alice met Bob", [], ["alice", "bob"]),
+        _row("prefix", "Alice again", [], ["alice"]),
+        _row("prefix", "nothing", [], []),
+    ]
+    finetune = ["Alice", "Bob", "Carol", "Dan"]
+    (s,) = leakage_by_mode(rows, finetune)
+    assert s.pipp_first == pytest.approx(2 / 3) and s.elp_first == pytest.approx(2 / 4)
+    assert s.pipp_released == pytest.approx(2 / 3) and s.elp_released == pytest.approx(2 / 4)
+    with pytest.raises(Exception, match="fine-tuning set"):
+        leakage_by_mode(rows)
+    # The verb finds the fine-tuning values in the training examples `ctrlgen train` wrote.
+    from ctrlgen.training.data import TRAIN_SCHEMA
+
+    d = tmp_path / "generated" / "mode=prefix"
+    d.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "mode"} for r in rows],
+                                        schema=GENERATED_SCHEMA.remove(1)), d / "part.parquet")  # fmt: skip
+    t = tmp_path / "train_data" / "status=ok"
+    t.mkdir(parents=True)
+    codes = [
+        {"doc_id": "a", "control_code": "PERSON: Alice, Bob"},
+        {"doc_id": "b", "control_code": "PERSON: Carol, Dan"},
+    ]
+    pq.write_table(
+        pa.Table.from_pylist(
+            codes, schema=pa.schema([TRAIN_SCHEMA.field("doc_id"), TRAIN_SCHEMA.field("control_code")])
+        ),
+        t / "p.parquet",
+    )
+    assert main(["leakage", f"output_dir={tmp_path}"]) == 0
+    assert "| prefix | 3 | 0 | 66.67 | 50.00 |" in capsys.readouterr().out

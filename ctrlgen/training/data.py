@@ -1,0 +1,144 @@
+"""Training examples for prefix tuning: (control code -> document) pairs with a privacy mask.
+
+One example per document of the extraction output::
+
+    input  c_i = "Control code:\\n<code>\\nDocument:\\n"      (labels -100: no loss)
+    output d_i = <document tokens> [+ EOS]                  (labels = the tokens)
+
+The code prompt and the document are tokenised separately (so no BPE merge crosses
+the boundary) and concatenated; the document keeps its first ``max_doc_tokens``
+tokens, and gets EOS only when it was not cut (a cut document must not teach the
+model to stop there). The document's offset mapping and its private entity spans
+give the per-token mask (:func:`~ctrlgen.training.masking.private_token_mask`).
+:func:`collate` pads a batch on the right; padding has label -100 and is never
+private, so it takes no loss.
+
+Example:
+    >>> from ctrlgen.models import tiny_tokenizer
+    >>> tok = tiny_tokenizer()
+    >>> ex = encode_example("PERSON: Al", "Al was seen.", [(0, 2)], tok, max_doc_tokens=64)
+    >>> n_prompt = ex.labels.count(-100)
+    >>> ex.private[n_prompt], ex.labels[-1] == tok.eos_token_id
+    (True, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from ctrlgen.prompts import prefix_prompt
+from ctrlgen.training.masking import private_token_mask
+
+__all__ = ["TRAIN_SCHEMA", "TrainExample", "collate", "encode_example", "encode_rows"]
+
+TRAIN_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.string()),
+        pa.field("control_code", pa.string()),  # c_i: the reference set of fine-tuning leakage
+        pa.field("input_ids", pa.list_(pa.int32())),
+        pa.field("labels", pa.list_(pa.int32())),
+        pa.field("private", pa.list_(pa.bool_())),
+        pa.field("n_output", pa.int32()),  # tokens that take loss
+        pa.field("n_private", pa.int32()),  # of which private
+        pa.field("status", pa.string()),  # "ok" | "quarantined"
+        pa.field("reason", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class TrainExample:
+    input_ids: list[int]
+    labels: list[int]  # -100 on the code prompt
+    private: list[bool]  # True on document tokens overlapping a private span
+
+
+def encode_example(
+    code: str,
+    text: str,
+    spans: Sequence[tuple[int, int]],
+    tokenizer: Any,
+    max_doc_tokens: int,
+) -> TrainExample:
+    """Tokenise one (code, document) pair; ``spans`` are private character spans of ``text``."""
+    prompt = tokenizer(prefix_prompt(code), add_special_tokens=False)["input_ids"]
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])[:max_doc_tokens]
+    offsets = [tuple(o) for o in enc["offset_mapping"]][:max_doc_tokens]
+    private = private_token_mask(offsets, spans)
+    if len(enc["input_ids"]) <= max_doc_tokens and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+        private.append(False)
+    return TrainExample(
+        input_ids=list(prompt) + ids,
+        labels=[-100] * len(prompt) + ids,
+        private=[False] * len(prompt) + private,
+    )
+
+
+def _quarantined(doc_id: str, reason: str) -> dict[str, Any]:
+    return {"doc_id": doc_id, "control_code": "", "input_ids": [], "labels": [], "private": [], "n_output": 0, "n_private": 0,
+            "status": "quarantined", "reason": reason}  # fmt: skip
+
+
+def encode_rows(rows: Iterable[dict[str, Any]], tokenizer: Any, max_doc_tokens: int, max_code_tokens: int) -> pa.Table:
+    """Extraction rows (``doc_id``, ``text``, ``entities``, ``control_code``) -> :data:`TRAIN_SCHEMA`.
+
+    Rows are never dropped: an empty document, a control code longer than
+    ``max_code_tokens`` tokens, or an entity span outside the text comes back
+    ``quarantined`` with the reason (no text in it).
+    """
+    out = []
+    for r in rows:
+        doc_id = str(r.get("doc_id"))
+        text = r.get("text") or ""
+        code = r.get("control_code") or ""
+        if not text.strip():
+            out.append(_quarantined(doc_id, "empty document"))
+            continue
+        spans = [(int(e["start"]), int(e["end"])) for e in (r.get("entities") or [])]
+        bad = [s for s in spans if not 0 <= s[0] < s[1] <= len(text)]
+        if bad:
+            out.append(_quarantined(doc_id, f"{len(bad)} entity span(s) outside the text of {len(text)} characters"))
+            continue
+        n_code = len(tokenizer(prefix_prompt(code), add_special_tokens=False)["input_ids"])
+        if n_code > max_code_tokens:
+            out.append(
+                _quarantined(doc_id, f"control code prompt of {n_code} tokens > max_code_tokens {max_code_tokens}")
+            )
+            continue
+        ex = encode_example(code, text, spans, tokenizer, max_doc_tokens)
+        n_out = sum(lab != -100 for lab in ex.labels)
+        out.append({"doc_id": doc_id, "control_code": code, "input_ids": ex.input_ids, "labels": ex.labels, "private": ex.private,
+                    "n_output": n_out, "n_private": sum(ex.private), "status": "ok", "reason": ""})  # fmt: skip
+    return pa.Table.from_pylist(out, schema=TRAIN_SCHEMA)
+
+
+def collate(
+    input_ids: Sequence[Sequence[int]],
+    labels: Sequence[Sequence[int]],
+    private: Sequence[Sequence[bool]],
+    pad_token_id: int,
+) -> dict[str, Any]:
+    """Right-pad a batch: ``input_ids``, ``attention_mask``, ``labels`` (-100 on padding), ``private``."""
+    import torch
+
+    n = max(len(x) for x in input_ids)
+    b = len(input_ids)
+    ids = torch.full((b, n), pad_token_id, dtype=torch.long)
+    lab = torch.full((b, n), -100, dtype=torch.long)
+    att = torch.zeros((b, n), dtype=torch.long)
+    prv = torch.zeros((b, n), dtype=torch.bool)
+    for i, (x, y, p) in enumerate(zip(input_ids, labels, private, strict=True)):
+        k = len(x)
+        if not (len(y) == len(p) == k):
+            raise ValueError(f"example {i}: input_ids, labels and private differ in length")
+        ids[i, :k] = torch.as_tensor(list(x), dtype=torch.long)
+        lab[i, :k] = torch.as_tensor(list(y), dtype=torch.long)
+        prv[i, :k] = torch.as_tensor([bool(v) for v in p], dtype=torch.bool)
+        att[i, :k] = 1
+    return {"input_ids": ids, "attention_mask": att, "labels": lab, "private": prv}

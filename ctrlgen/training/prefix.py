@@ -1,0 +1,73 @@
+"""PEFT prefix tuning of a causal LM and the per-batch loss of both variants.
+
+* :func:`prefix_model` wraps any ``LlamaForCausalLM``-style model with
+  ``PrefixTuningConfig`` (20 virtual tokens by default); only the prefix trains.
+* :func:`batch_loss` runs the tuned forward and, for the masked variant, the base
+  forward with the prefix disabled under ``no_grad`` (``disable_adapter`` gives
+  exactly the bare model's logits), then :func:`masked_prefix_loss`.
+* :func:`loss_weights` maps the config onto :class:`LossWeights`: ``plain`` is
+  L_LM only (no base forward at all), ``masked`` uses the configured weights.
+
+Generation must go through the *PEFT* model (``PeftModel.generate``): the bare base
+model silently skips the prefix (METHOD.md section 5, pitfalls).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+
+from ctrlgen.config import TrainingConfig
+from ctrlgen.training.loss import LossTerms, LossWeights, masked_prefix_loss
+
+__all__ = ["batch_loss", "load_prefix_model", "loss_weights", "prefix_model"]
+
+
+def prefix_model(model: Any, num_virtual_tokens: int = 20) -> Any:
+    """``get_peft_model`` with prefix tuning for causal LM; the base weights are frozen."""
+    from peft import PrefixTuningConfig, TaskType, get_peft_model
+
+    cfg = PrefixTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=num_virtual_tokens)
+    return get_peft_model(model, cfg)
+
+
+def load_prefix_model(model: Any, adapter_dir: str) -> Any:
+    """A saved adapter (standard PEFT format) on top of ``model``, ready for ``generate``."""
+    from peft import PeftModel
+
+    pm = PeftModel.from_pretrained(model, adapter_dir)
+    pm.eval()
+    return pm
+
+
+def loss_weights(cfg: TrainingConfig) -> LossWeights:
+    """``plain`` -> (1, 0, 0); ``masked`` -> the configured (l_LM, l_c, l_KL)."""
+    if cfg.variant == "plain":
+        return LossWeights(1.0, 0.0, 0.0)
+    w = cfg.weights
+    return LossWeights(w.lm, w.contrastive, w.kl)
+
+
+def batch_loss(
+    model: Any,
+    batch: dict[str, torch.Tensor],
+    weights: LossWeights,
+    reduction: Literal["mean", "sum"] = "mean",
+    forward: Callable[..., Any] | None = None,
+) -> LossTerms:
+    """The loss terms of one collated batch (see :func:`ctrlgen.training.data.collate`).
+
+    Args:
+        model: the PEFT prefix model (used for ``disable_adapter``).
+        forward: what runs the tuned forward (e.g. a DeepSpeed engine); default ``model``.
+    """
+    fwd = forward or model
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    logits = fwd(**inputs).logits
+    base = None
+    if weights.contrastive or weights.kl:
+        with torch.no_grad(), model.disable_adapter():
+            base = model(**inputs).logits
+    return masked_prefix_loss(logits, base, batch["labels"], batch["private"], weights, reduction)

@@ -1,0 +1,76 @@
+"""Pieces the jobs downstream of extraction share: their input, seeded samples, value sets."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ctrlgen.config import CtrlgenConfig
+from ctrlgen.errors import CtrlgenError
+
+__all__ = ["extraction_input", "has_code", "reset_dir", "seeded_sample", "values_of"]
+
+
+def extraction_input(cfg: CtrlgenConfig, given: str | None, job: str) -> Path:
+    """The status=ok extraction Parquet directory: ``given``, or the extraction job's fresh output."""
+    from ray_jobs.extract import run as run_extract
+
+    if given is None:
+        print(f"{job}: no input given; running the extraction job first", file=sys.stderr, flush=True)
+        ext = run_extract(cfg)
+        print(ext.text(), file=sys.stderr, flush=True)
+        src = Path(ext.output)
+    else:
+        src = Path(given)
+    if (src / "status=ok").is_dir():
+        src = src / "status=ok"
+    if not src.exists() or not any(src.rglob("*.parquet")):
+        raise CtrlgenError(f"{job} input {src} holds no Parquet files (run `ctrlgen extract` first)")
+    return src
+
+
+def reset_dir(path: Path) -> Path:
+    """Remove a previous output of a job (the jobs rewrite their outputs whole)."""
+    if path.exists():
+        shutil.rmtree(path)
+    return path
+
+
+def values_of(batch: pa.Table) -> pa.Table:
+    """map_batches: the distinct private values of the batch's control codes (column ``value``)."""
+    from ctrlgen.codes import parse_control_code
+    from ctrlgen.fictional import code_values
+
+    vals = {v for code in batch.column("control_code").to_pylist() for v in code_values(parse_control_code(code or ""))}
+    return pa.table({"value": pa.array(sorted(vals), pa.string())})
+
+
+def has_code(batch: pa.Table) -> pa.Table:
+    """map_batches: keep rows with a non-empty control code."""
+    codes = pc.fill_null(batch.column("control_code"), "")
+    return batch.filter(pc.not_equal(codes, ""))
+
+
+def _top_k(k: int, seed: int, salt: str) -> Any:
+    """A map_batches function keeping the k rows of a batch with the smallest per-document hash."""
+
+    from ctrlgen.generation.icl import row_seed
+
+    def fn(batch: pa.Table) -> pa.Table:
+        keys = pa.array([row_seed(seed, salt, d) for d in batch.column("doc_id").to_pylist()], pa.int64())
+        batch = batch.append_column("_key", keys)
+        return batch.sort_by("_key").slice(0, k)
+
+    return fn
+
+
+def seeded_sample(ds: Any, k: int, seed: int, salt: str, columns: list[str]) -> list[dict[str, Any]]:
+    """The k rows with the smallest hash of (seed, salt, doc_id): a seeded sample, order-independent."""
+    rows = ds.map_batches(_top_k(k, seed, salt), batch_format="pyarrow", batch_size=4096).take_all()
+    rows.sort(key=lambda r: r["_key"])
+    return [{c: r[c] for c in columns} for r in rows[:k]]

@@ -1,0 +1,378 @@
+"""Ray Train job: prefix tuning with the privacy-masked loss, on DeepSpeed (METHOD.md section 5).
+
+Reads the extraction output (runs the extraction job first when
+``training.input`` is not set), then:
+
+1. tokenises (control code -> document) pairs with their per-token privacy mask
+   in a Ray Data actor pool and writes them, quarantined rows included, to
+   ``<output_dir>/train_data/status=.../*.parquet`` (counts in = ok + quarantined);
+2. trains a PEFT prefix (``training.num_virtual_tokens``) on
+   ``training.num_workers`` Ray Train workers (``TorchTrainer``) with DeepSpeed
+   (``training.deepspeed``, ZeRO-2 by default; gloo on CPU, NCCL on GPUs), each
+   worker reading its shard of the Parquet data;
+3. prints every ``log_every`` steps the loss terms, tokens/s and step time, and
+   checkpoints every ``checkpoint_every`` steps to
+   ``<storage_path>/<run_name>`` (DeepSpeed state of the trainable prefix +
+   optimizer, the PEFT adapter, the metric history). Re-running the same run
+   resumes from its latest checkpoint (``training.resume``);
+4. copies the final adapter (standard PEFT format) to ``<output_dir>/adapter``
+   and the metric history to ``<output_dir>/training/``.
+
+    python -m ray_jobs.train --config configs/train_physionet.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ctrlgen.config import CtrlgenConfig, load_config
+from ctrlgen.errors import ConfigError, CtrlgenError
+
+__all__ = ["TokenizeActor", "TrainSummary", "deepspeed_config", "main", "run", "train_loop_per_worker"]
+
+_COLUMNS = ["doc_id", "text", "entities", "control_code"]
+_STATE = "train_state.json"
+_HISTORY = "metrics.jsonl"
+
+
+class TokenizeActor:
+    """Callable class for ``map_batches``: the tokenizer is loaded once per actor."""
+
+    def __init__(self, cfg_json: str) -> None:
+        from ctrlgen.models import load_tokenizer
+
+        self.cfg = CtrlgenConfig.model_validate_json(cfg_json)
+        self.tokenizer = load_tokenizer(self.cfg.model)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from ctrlgen.training.data import encode_rows
+
+        t = self.cfg.training
+        return encode_rows(batch.to_pylist(), self.tokenizer, t.max_doc_tokens, t.max_code_tokens)
+
+
+def deepspeed_config(path: str, batch_size: int, world_size: int) -> dict[str, Any]:
+    """Read the DeepSpeed JSON config and fill its ``"auto"`` batch sizes from ``training``."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"training.deepspeed: DeepSpeed config {p} does not exist")
+    try:
+        ds = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"training.deepspeed: {p} is not valid JSON ({exc})") from None
+    if not isinstance(ds, dict):
+        raise ConfigError(f"training.deepspeed: {p} must hold a JSON object")
+    if "optimizer" in ds:
+        raise ConfigError(
+            f"training.deepspeed: {p} declares an optimizer; ctrlgen passes a torch AdamW over the prefix "
+            "(a DeepSpeed optimizer would compile fused_adam first, ~60 s on CPU)"
+        )
+    accum = ds.get("gradient_accumulation_steps", 1)
+    if accum == "auto":
+        accum = ds["gradient_accumulation_steps"] = 1
+    if ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        ds["train_micro_batch_size_per_gpu"] = batch_size
+    if ds.get("train_batch_size", "auto") == "auto":
+        ds["train_batch_size"] = ds["train_micro_batch_size_per_gpu"] * int(accum) * world_size
+    return ds
+
+
+def _save(engine: Any, state: dict[str, Any], history: list[dict[str, Any]], rank: int) -> Any:
+    """Every rank writes its DeepSpeed shard (trainable params only); rank 0 adds adapter and history."""
+    from ray.train import Checkpoint
+
+    d = tempfile.mkdtemp(prefix="ctrlgen-ckpt-")
+    engine.save_checkpoint(d, tag="deepspeed", client_state=state, exclude_frozen_parameters=True)
+    # Every rank calls save_pretrained (under ZeRO-3 a rank-0-only call hangs); only rank 0 writes.
+    engine.module.save_pretrained(os.path.join(d, "adapter"), is_main_process=rank == 0)
+    if rank == 0:
+        Path(d, _STATE).write_text(json.dumps(state), encoding="utf-8")
+        Path(d, _HISTORY).write_text("".join(json.dumps(h) + "\n" for h in history), encoding="utf-8")
+    return Checkpoint.from_directory(d)
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """What each Ray Train worker runs (config: the CtrlgenConfig JSON and the job's plan)."""
+    import deepspeed
+    import ray.train
+    import torch
+    import torch.distributed as dist
+
+    from ctrlgen.models import load_causal_lm
+    from ctrlgen.training.data import collate
+    from ctrlgen.training.prefix import batch_loss, loss_weights, prefix_model
+
+    cfg = CtrlgenConfig.model_validate_json(config["cfg_json"])
+    t = cfg.training
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    if t.torch_threads:
+        torch.set_num_threads(t.torch_threads)
+    torch.manual_seed(t.seed)
+
+    def say(line: str) -> None:
+        if rank == 0:
+            # Not print(): Ray Train patches it to tee into its logger, and each line shows twice.
+            sys.stderr.write(f"[train] {line}\n")
+            sys.stderr.flush()
+
+    base, tok = load_causal_lm(cfg.model)
+    model = prefix_model(base, t.num_virtual_tokens)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay)
+    say(f"DeepSpeed initialise on {world} worker(s) (a first run compiles its CPU comm op, about a minute)")
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config["deepspeed"])
+    weights = loss_weights(t)
+
+    step, history = 0, []
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            _, client = engine.load_checkpoint(d, tag="deepspeed", load_module_strict=False)
+            step = int(client["step"])
+            hist = Path(d, _HISTORY)
+            history = [json.loads(x) for x in hist.read_text().splitlines()] if hist.is_file() else []
+        say(f"resumed from the checkpoint at step {step}")
+    steps_per_epoch, total = config["steps_per_epoch"], config["total_steps"]
+    say(
+        f"{total} steps ({steps_per_epoch} per epoch, {world} x {t.batch_size} documents per step), variant {t.variant}"
+    )
+    shard = ray.train.get_dataset_shard("train")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    def collate_fn(b: dict[str, Any]) -> dict[str, Any]:
+        return collate(b["input_ids"], b["labels"], b["private"], pad)
+
+    start = step
+    while step < total:
+        epoch, skip = divmod(step, steps_per_epoch)
+        batches = shard.iter_torch_batches(batch_size=t.batch_size, collate_fn=collate_fn, drop_last=True)
+        seen = 0
+        for i, batch in enumerate(batches):
+            seen = i + 1
+            if i < skip:
+                continue  # as many batches as the checkpoint learnt from in the interrupted epoch
+            if step >= total or i >= steps_per_epoch:
+                break
+            t0 = time.perf_counter()
+            terms = batch_loss(engine.module, batch, weights, t.reduction, forward=engine)
+            engine.backward(terms.total)
+            engine.step()
+            n_in = int(batch["attention_mask"].sum())
+            sums = torch.tensor(
+                [terms.tokens, terms.private_tokens, n_in]
+                + [
+                    float(x.detach()) * max(terms.tokens, 1)
+                    for x in (terms.total, terms.lm, terms.contrastive, terms.kl)
+                ],
+                dtype=torch.float64,
+            )
+            dist.all_reduce(sums)  # across workers: token counts, token-weighted loss terms
+            seconds = time.perf_counter() - t0
+            step += 1
+            n_out = max(float(sums[0]), 1.0)
+            rec = {
+                "step": step, "epoch": epoch + 1, "loss": float(sums[3]) / n_out + 0.0, "lm": float(sums[4]) / n_out,
+                "contrastive": float(sums[5]) / n_out + 0.0, "kl": float(sums[6]) / n_out + 0.0,
+                "output_tokens": int(sums[0]), "private_tokens": int(sums[1]), "input_tokens": int(sums[2]),
+                "step_seconds": seconds, "tokens_per_s": float(sums[2]) / seconds,
+            }  # fmt: skip
+            history.append(rec)
+            if step % t.log_every == 0 or step == total:
+                say(
+                    f"step {step}/{total} epoch {epoch + 1}: loss {rec['loss']:.4f} (lm {rec['lm']:.4f}, "
+                    f"contrastive {rec['contrastive']:.4f}, kl {rec['kl']:.4f}), {rec['tokens_per_s']:.0f} tokens/s, "
+                    f"{seconds:.2f} s/step"
+                )
+            if step % t.checkpoint_every == 0 or step == total:
+                state = {"step": step, "epoch": epoch + 1, "resumed_from": start}
+                ray.train.report({k: rec[k] for k in ("step", "loss", "lm", "contrastive", "kl")},
+                                 checkpoint=_save(engine, state, history, rank))  # fmt: skip
+        if step < total and seen < steps_per_epoch:
+            raise CtrlgenError(f"worker {rank}: its data shard ran out after {seen} of {steps_per_epoch} batches")
+
+
+@dataclass
+class TrainSummary:
+    documents: int
+    examples: int
+    quarantined: int
+    steps: int
+    resumed_from: int
+    adapter: str
+    seconds: float
+    final: dict[str, Any] = field(default_factory=dict)
+    mean_step_seconds: float = 0.0
+    mean_tokens_per_s: float = 0.0
+
+    def text(self) -> str:
+        f = self.final
+        loss = (
+            f"final loss {f['loss']:.4f} (lm {f['lm']:.4f}, contrastive {f['contrastive']:.4f}, kl {f['kl']:.4f})"
+            if f
+            else "no step run in this invocation"
+        )
+        return (
+            f"documents {self.documents:,} -> examples {self.examples:,} (quarantined {self.quarantined:,})\n"
+            f"steps {self.steps} (resumed from {self.resumed_from}); {loss}\n"
+            f"mean {self.mean_step_seconds:.2f} s/step, {self.mean_tokens_per_s:.0f} tokens/s\n"
+            f"adapter written to {self.adapter} in {self.seconds:.1f} s"
+        )
+
+
+def _count(path: Path) -> tuple[int, int]:
+    import pyarrow.dataset as pads
+
+    n = {}
+    for status in ("ok", "quarantined"):
+        d = path / f"status={status}"
+        n[status] = pads.dataset(str(d), format="parquet").count_rows() if d.is_dir() else 0
+    return n["ok"], n["quarantined"]
+
+
+def _resolve(path: str) -> str:
+    """Paths in configs are relative to the working directory, else to the project root."""
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return str(p.resolve())
+    root = Path(__file__).resolve().parent.parent / path
+    return str(root) if root.exists() else str(p)
+
+
+def run(cfg: CtrlgenConfig) -> TrainSummary:
+    """Extraction output -> tokenised pairs (Parquet) -> TorchTrainer + DeepSpeed -> adapter."""
+    import ray
+    from ray.data import ExecutionOptions
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample
+    from ray_jobs.extract import init_ray
+
+    t = cfg.training
+    t0 = time.perf_counter()
+    ds_config = deepspeed_config(_resolve(t.deepspeed), t.batch_size, t.num_workers)
+    src = extraction_input(cfg, t.input, "train")
+    init_ray(cfg)
+    ds = ray.data.read_parquet(str(src)).select_columns(_COLUMNS)
+    eligible = ds.map_batches(has_code, batch_format="pyarrow") if t.require_code else ds
+    if t.num_documents is not None:
+        docs = ray.data.from_items(seeded_sample(eligible, t.num_documents, t.seed, "train", _COLUMNS))
+    else:
+        docs = eligible
+    out = Path(cfg.output_dir).resolve()
+    data_dir = reset_dir(out / "train_data")
+    docs.repartition(target_num_rows_per_block=256).map_batches(
+        TokenizeActor,
+        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json()},
+        batch_size=256,
+        batch_format="pyarrow",
+        num_cpus=0.5,
+        compute=ray.data.ActorPoolStrategy(size=1),
+    ).write_parquet(str(data_dir), partition_cols=["status"])
+    n_docs = docs.count()
+    ok, bad = _count(data_dir)
+    if ok + bad != n_docs:
+        raise CtrlgenError(f"{n_docs} documents in but {ok} examples + {bad} quarantined written to {data_dir}")
+    per_worker = ok // t.num_workers  # Ray Train splits the data equally between the workers
+    steps_per_epoch = per_worker // t.batch_size
+    if steps_per_epoch == 0:
+        raise CtrlgenError(
+            f"{ok} training examples cannot fill one step of {t.num_workers} workers x {t.batch_size} documents"
+        )
+    total = min(t.epochs * steps_per_epoch, t.max_steps or t.epochs * steps_per_epoch)
+    print(
+        f"train: {n_docs:,} documents -> {ok:,} examples ({bad:,} quarantined); {total} steps on "
+        f"{t.num_workers} worker(s), variant {t.variant}",
+        file=sys.stderr,
+        flush=True,
+    )
+    storage = Path(t.storage_path).resolve() if t.storage_path else out / "ray_train"
+    if not t.resume:
+        reset_dir(storage / t.run_name)
+    storage.mkdir(parents=True, exist_ok=True)
+    # preserve_order: a deterministic order for one worker; with several, Ray Data's split decides which
+    # worker gets which rows as they stream (so a resumed epoch's remaining batches are not fixed).
+    train_ds = ray.data.read_parquet(str(data_dir / "status=ok")).select_columns(["input_ids", "labels", "private"])
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={
+            "cfg_json": cfg.model_dump_json(),
+            "deepspeed": ds_config,
+            "steps_per_epoch": steps_per_epoch,
+            "total_steps": total,
+        },
+        scaling_config=ScalingConfig(
+            num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker={"CPU": t.cpus_per_worker}
+        ),
+        run_config=RunConfig(
+            name=t.run_name,
+            storage_path=str(storage),
+            checkpoint_config=CheckpointConfig(num_to_keep=t.keep_checkpoints),
+            failure_config=FailureConfig(max_failures=t.max_failures),
+        ),
+        datasets={"train": train_ds},
+        dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
+    )
+    result = trainer.fit()
+    if result.checkpoint is None:
+        raise CtrlgenError(f"training run {t.run_name} ended without a checkpoint in {storage}")
+    adapter = reset_dir(out / "adapter")
+    logs = out / "training"
+    logs.mkdir(parents=True, exist_ok=True)
+    with result.checkpoint.as_directory() as d:
+        shutil.copytree(Path(d) / "adapter", adapter)
+        history = [json.loads(x) for x in Path(d, _HISTORY).read_text().splitlines()]
+        final_state = json.loads(Path(d, _STATE).read_text())
+    (logs / _HISTORY).write_text("".join(json.dumps(h) + "\n" for h in history), encoding="utf-8")
+    steps = int(final_state["step"])
+    resumed_from = int(final_state.get("resumed_from", 0))
+    this_run = [h for h in history if h["step"] > resumed_from]
+    summary = TrainSummary(
+        documents=n_docs,
+        examples=ok,
+        quarantined=bad,
+        steps=steps,
+        resumed_from=resumed_from,
+        adapter=str(adapter),
+        seconds=time.perf_counter() - t0,
+        final=this_run[-1] if this_run else {},
+    )
+    timed = this_run[1:] or this_run  # the first step includes one-off warm-up
+    if timed:
+        summary.mean_step_seconds = sum(h["step_seconds"] for h in timed) / len(timed)
+        summary.mean_tokens_per_s = sum(h["tokens_per_s"] for h in timed) / len(timed)
+    (logs / "summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m ray_jobs.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--config", "-c", default=None)
+    ap.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    args = ap.parse_args(argv)
+    try:
+        summary = run(load_config(args.config, args.overrides))
+    except CtrlgenError as exc:
+        print(f"train: error: {exc}", file=sys.stderr)
+        return 2
+    print(summary.text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

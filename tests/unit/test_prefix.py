@@ -1,0 +1,147 @@
+"""PEFT prefix tuning on a tiny random Llama: what trains, both variants, adapter round trip, generation."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+import torch
+
+from ctrlgen.config import GenerationConfig, SamplingConfig, TrainingConfig
+from ctrlgen.fictional import FictionalCodes
+from ctrlgen.generation import GenerationRequest, HFEngine
+from ctrlgen.generation.engine import GenerationResult
+from ctrlgen.generation.icl import generate_rows
+from ctrlgen.models import tiny_llama
+from ctrlgen.prompts import prefix_prompt
+from ctrlgen.training import LossWeights
+from ctrlgen.training.data import collate, encode_example
+from ctrlgen.training.prefix import batch_loss, load_prefix_model, loss_weights, prefix_model
+
+DOCS = [
+    ("PERSON: Alice Jones", "Alice Jones was seen in clinic today for follow up.", [(0, 11)]),
+    ("LOC: Boston", "Patient transferred from Boston with chest pain.", [(25, 31)]),
+]
+
+
+def _batch(tok):
+    exs = [encode_example(c, t, s, tok, 64) for c, t, s in DOCS]
+    return collate([e.input_ids for e in exs], [e.labels for e in exs], [e.private for e in exs], tok.pad_token_id)
+
+
+def _trained(steps: int = 60):
+    base, tok = tiny_llama(seed=3)
+    torch.manual_seed(0)
+    model = prefix_model(base, num_virtual_tokens=8)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.3)
+    batch = _batch(tok)
+    losses = []
+    for _ in range(steps):
+        terms = batch_loss(model, batch, LossWeights())
+        opt.zero_grad()
+        terms.total.backward()
+        opt.step()
+        losses.append(float(terms.total))
+    model.eval()
+    return model, tok, losses
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return _trained()
+
+
+def test_only_the_prefix_trains():
+    base, tok = tiny_llama()
+    model = prefix_model(base, num_virtual_tokens=4)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("prompt_encoder" in n for n in trainable)
+    batch_loss(model, _batch(tok), LossWeights()).total.backward()
+    for n, p in model.named_parameters():
+        assert (p.grad is not None) == ("prompt_encoder" in n), n
+
+
+def test_plain_variant_runs_no_base_forward_and_masked_runs_one():
+    base, tok = tiny_llama()
+    model = prefix_model(base, num_virtual_tokens=4)
+    calls = []
+    handle = base.model.register_forward_hook(lambda *a: calls.append(1))
+    plain = batch_loss(model, _batch(tok), loss_weights(TrainingConfig(variant="plain")))
+    assert len(calls) == 1 and float(plain.contrastive) == 0.0 and float(plain.kl) == 0.0
+    calls.clear()
+    masked = batch_loss(model, _batch(tok), loss_weights(TrainingConfig()))
+    handle.remove()
+    assert len(calls) == 2 and float(masked.contrastive.detach()) > 0 and float(masked.kl.detach()) > 0
+    assert loss_weights(TrainingConfig(weights={"lm": 1, "contrastive": 0.5, "kl": 2})) == LossWeights(1, 0.5, 2)
+
+
+def test_the_base_forward_is_the_bare_model(trained):
+    """P_base comes from the same model with the prefix disabled: exactly the base model's logits."""
+    model, tok, _ = trained
+    batch = _batch(tok)
+    with torch.no_grad(), model.disable_adapter():
+        off = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    bare = tiny_llama(seed=3)[0](input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    assert torch.equal(off, bare)
+
+
+def test_training_lowers_the_masked_loss(trained):
+    _, _, losses = trained
+    # A random 32-wide model moves little through its prefix alone: 6.34 -> 6.00 here.
+    assert losses[-1] < losses[0] - 0.2
+
+
+def test_adapter_round_trip_in_peft_format(trained, tmp_path):
+    model, tok, _ = trained
+    model.save_pretrained(tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    loaded = load_prefix_model(tiny_llama(seed=3)[0], str(tmp_path / "adapter"))
+    batch = _batch(tok)
+    with torch.no_grad():
+        a = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        b = loaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_generation_applies_the_prefix(trained, tmp_path):
+    """Same prompt, same seed: the tuned model's output differs from the base model's."""
+    model, tok, _ = trained
+    model.save_pretrained(tmp_path / "adapter")
+    base = tiny_llama(seed=3)[0]
+    sampling = SamplingConfig(max_new_tokens=12, temperature=0.0)
+    tuned = HFEngine(load_prefix_model(base, str(tmp_path / "adapter")), tok, sampling, batch_size=2)
+    plain = HFEngine(base, tok, sampling, batch_size=2)
+    reqs = [GenerationRequest(prefix_prompt(c), seed=5) for c, _, _ in DOCS]
+    out_tuned = [r.text for r in tuned.generate(reqs)]
+    out_base = [r.text for r in plain.generate(reqs)]
+    assert out_tuned != out_base
+    # Wrapping the base model for the prefix mode leaves the base model's own outputs unchanged.
+    assert out_base == [r.text for r in HFEngine(tiny_llama(seed=3)[0], tok, sampling, 2).generate(reqs)]
+
+
+class _Echo:
+    """An engine that writes a fixed text, to check the stage's bookkeeping."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.prompts: list[str] = []
+
+    def generate(self, requests):
+        self.prompts += [r.prompt for r in requests]
+        return [GenerationResult(self.text, 3, "stop") for _ in requests]
+
+
+def test_prefix_mode_prompts_with_the_fictional_code_and_measures_against_the_finetune_set():
+    rows = [{"doc_id": "d1", "control_code": "PERSON: Alice Jones"}]
+    cfg = GenerationConfig(modes=["prefix"])
+    tuned, base = _Echo("Seen with Mr. Carter and Alice Jones."), _Echo("unused")
+    _, tok = tiny_llama()
+    table = generate_rows(rows, [], base, tok, cfg, FictionalCodes(0, ["Alice Jones"]), prefix_engine=tuned,
+                          finetune_values=["Alice Jones", "Boston"])  # fmt: skip
+    assert isinstance(table, pa.Table) and base.prompts == []
+    (row,) = table.to_pylist()
+    assert row["mode"] == "prefix" and row["context_ids"] == [] and row["context_values"] == []
+    assert tuned.prompts == [prefix_prompt(row["fictional_code"])]
+    assert "Alice" not in row["fictional_code"]
+    assert row["leaked"] == ["alice jones"] and row["status"] == "ok"
+    with pytest.raises(Exception, match="prefix-tuned model"):
+        generate_rows(rows, [], base, tok, cfg, FictionalCodes(0, []))

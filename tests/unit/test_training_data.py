@@ -1,0 +1,123 @@
+"""Prefix-tuning examples: code prompt without loss, document tokens with the privacy mask, padding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ctrlgen.errors import ConfigError
+from ctrlgen.models import tiny_tokenizer
+from ctrlgen.prompts import prefix_prompt
+from ctrlgen.training.data import collate, encode_example, encode_rows
+
+TEXT = "Mr. Smith was seen at Mercy Hospital on 2101-03-04."
+SMITH = (TEXT.index("Smith"), TEXT.index("Smith") + 5)
+MERCY = (TEXT.index("Mercy"), TEXT.index("Hospital") + 8)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def test_the_code_prompt_takes_no_loss_and_the_document_does(tok):
+    ex = encode_example("PERSON: Smith", TEXT, [SMITH], tok, max_doc_tokens=512)
+    prompt = tok(prefix_prompt("PERSON: Smith"), add_special_tokens=False)["input_ids"]
+    doc = tok(TEXT, add_special_tokens=False)["input_ids"]
+    assert ex.input_ids == prompt + doc + [tok.eos_token_id]
+    assert ex.labels == [-100] * len(prompt) + doc + [tok.eos_token_id]
+    assert not any(ex.private[: len(prompt)]) and not ex.private[-1]  # prompt and EOS are never private
+
+
+def test_private_flags_are_exactly_the_tokens_overlapping_entity_spans(tok):
+    ex = encode_example("PERSON: Smith", TEXT, [SMITH, MERCY], tok, max_doc_tokens=512)
+    n_prompt = ex.labels.count(-100)
+    enc = tok(TEXT, add_special_tokens=False, return_offsets_mapping=True)
+    for flag, (s, e) in zip(ex.private[n_prompt:], enc["offset_mapping"], strict=False):
+        overlaps = any(s < pe and ps < e for ps, pe in (SMITH, MERCY))
+        assert flag == overlaps, (s, e, TEXT[s:e])
+    private_text = "".join(
+        TEXT[s:e] for f, (s, e) in zip(ex.private[n_prompt:], enc["offset_mapping"], strict=False) if f
+    )
+    assert "Smith" in private_text and "Mercy" in private_text and "seen" not in private_text
+
+
+def test_a_cut_document_gets_no_eos(tok):
+    ex = encode_example("", TEXT, [], tok, max_doc_tokens=3)
+    assert ex.labels.count(-100) + 3 == len(ex.labels) and tok.eos_token_id not in ex.labels
+
+
+def test_collate_pads_on_the_right_without_loss_or_privacy(tok):
+    a = encode_example("PERSON: Smith", TEXT, [SMITH], tok, 512)
+    b = encode_example("", "Short.", [], tok, 512)
+    batch = collate([a.input_ids, b.input_ids], [a.labels, b.labels], [a.private, b.private], pad_token_id=0)
+    n = len(b.input_ids)
+    assert batch["input_ids"].shape == (2, len(a.input_ids))
+    assert batch["attention_mask"][1, :n].all() and not batch["attention_mask"][1, n:].any()
+    assert (batch["labels"][1, n:] == -100).all() and not batch["private"][1, n:].any()
+    assert batch["private"][0].tolist() == a.private
+    with pytest.raises(ValueError, match="differ in length"):
+        collate([a.input_ids], [a.labels[:-1]], [a.private], 0)
+
+
+def test_encode_rows_quarantines_bad_rows_and_never_drops_one(tok):
+    ent = {"start": SMITH[0], "end": SMITH[1]}
+    rows = [
+        {"doc_id": "ok", "text": TEXT, "entities": [ent], "control_code": "PERSON: Smith"},
+        {"doc_id": "empty", "text": "  ", "entities": [], "control_code": ""},
+        {"doc_id": "span", "text": "abc", "entities": [{"start": 1, "end": 9}], "control_code": ""},
+        {"doc_id": "long", "text": TEXT, "entities": [], "control_code": "PERSON: " + "x " * 400},
+    ]
+    table = encode_rows(rows, tok, max_doc_tokens=64, max_code_tokens=64).to_pylist()
+    assert [r["doc_id"] for r in table] == ["ok", "empty", "span", "long"]
+    status = {r["doc_id"]: (r["status"], r["reason"]) for r in table}
+    assert status["ok"] == ("ok", "")
+    assert status["empty"] == ("quarantined", "empty document")
+    assert "outside the text" in status["span"][1] and "max_code_tokens" in status["long"][1]
+    ok = table[0]
+    assert ok["control_code"] == "PERSON: Smith" and ok["n_private"] == sum(ok["private"]) > 0
+    assert ok["n_output"] == sum(v != -100 for v in ok["labels"])
+    # Reasons never quote the document.
+    assert all("Smith" not in r["reason"] for r in table)
+
+
+def test_padding_takes_no_loss(tok):
+    """An example's loss is the same alone and padded inside a batch (sum reduction)."""
+    from ctrlgen.models import tiny_llama
+    from ctrlgen.training import LossWeights
+    from ctrlgen.training.prefix import batch_loss, prefix_model
+
+    torch.manual_seed(0)
+    model = prefix_model(tiny_llama()[0], num_virtual_tokens=4)
+    a = encode_example("PERSON: Smith", TEXT, [SMITH], tok, 512)
+    b = encode_example("", "Short.", [], tok, 512)
+    both = collate([a.input_ids, b.input_ids], [a.labels, b.labels], [a.private, b.private], 0)
+    alone = collate([b.input_ids], [b.labels], [b.private], 0)
+    first = collate([a.input_ids], [a.labels], [a.private], 0)
+    w = LossWeights()
+    with torch.no_grad():
+        t_both = batch_loss(model, both, w, "sum")
+        t_sum = [batch_loss(model, x, w, "sum") for x in (first, alone)]
+    assert t_both.tokens == sum(t.tokens for t in t_sum)
+    for name in ("lm", "contrastive", "kl"):
+        expect = sum(float(getattr(t, name)) for t in t_sum)
+        assert float(getattr(t_both, name)) == pytest.approx(expect, rel=1e-4, abs=1e-5)
+
+
+def test_deepspeed_config_fills_auto_and_refuses_an_optimizer(tmp_path):
+    from ray_jobs.train import deepspeed_config
+
+    ds = deepspeed_config("configs/deepspeed/zero2.json", batch_size=4, world_size=2)
+    assert ds["train_micro_batch_size_per_gpu"] == 4 and ds["train_batch_size"] == 8
+    assert ds["zero_optimization"]["stage"] == 2
+    bad = tmp_path / "opt.json"
+    bad.write_text(json.dumps({"optimizer": {"type": "Adam"}}))
+    with pytest.raises(ConfigError, match="declares an optimizer"):
+        deepspeed_config(str(bad), 4, 2)
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        deepspeed_config(str(tmp_path / "broken.json"), 4, 2)
+    with pytest.raises(ConfigError, match="does not exist"):
+        deepspeed_config(str(tmp_path / "none.json"), 4, 2)
