@@ -317,6 +317,11 @@ class TrainingConfig(_Model):
         "mean", description="mean: every term divided by the batch's output tokens; sum: the formula as written."
     )
     num_virtual_tokens: int = Field(20, ge=1, description="Prefix length (paper: 20).")
+    prefix_init: Literal["text", "random"] = Field(
+        "text",
+        description="text: start the prefix from the base model's keys/values of real words (Li & Liang); "
+        "random: PEFT's default initialisation (far from the model: SmolLM2's loss starts ~4x higher).",
+    )
     learning_rate: float = Field(5e-5, gt=0.0, description="AdamW learning rate (paper: 5e-5).")
     weight_decay: float = Field(0.0, ge=0.0)
     epochs: int = Field(3, ge=1, description="Passes over the training documents (paper: 3).")

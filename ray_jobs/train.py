@@ -111,7 +111,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     from ctrlgen.models import load_causal_lm
     from ctrlgen.training.data import collate
-    from ctrlgen.training.prefix import batch_loss, loss_weights, prefix_model
+    from ctrlgen.training.prefix import batch_loss, init_prefix_from_text, loss_weights, prefix_model
 
     cfg = CtrlgenConfig.model_validate_json(config["cfg_json"])
     t = cfg.training
@@ -129,6 +129,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     base, tok = load_causal_lm(cfg.model)
     model = prefix_model(base, t.num_virtual_tokens)
+    if t.prefix_init == "text":
+        init_prefix_from_text(model, tok)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay)

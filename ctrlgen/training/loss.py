@@ -69,30 +69,30 @@ def masked_prefix_loss(
         private: ``[batch, seq]`` bool, True on tokens overlapping a private span (M_t = 0),
             aligned with ``labels``.
     """
-    logits = logits[:, :-1].float()  # [B, T-1, V] predicts labels[:, 1:]
     target = labels[:, 1:]
-    priv = private[:, 1:].bool()
     valid = target != -100  # [B, T-1]
-    n = int(valid.sum())
-    safe = target.clamp_min(0)
-    logp = F.log_softmax(logits, dim=-1)  # [B, T-1, V]
-    logp_y = logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1)  # [B, T-1]
-    zero = logits.new_zeros(())
-    lm = -(logp_y * valid).sum()
+    # Only output positions enter any term: select them before the vocabulary-wide softmaxes
+    # (the code prompt and padding are often a third of the positions).
+    y = target[valid]  # [N]
+    priv = private[:, 1:].bool()[valid]  # [N]
+    n = int(y.numel())
+    logp = F.log_softmax(logits[:, :-1][valid].float(), dim=-1)  # [N, V]; row i predicts y[i]
+    logp_y = logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)  # [N]
+    zero = logits.new_zeros((), dtype=torch.float32)
+    lm = -logp_y.sum()
     contrastive, kl = zero, zero
     if weights.contrastive or weights.kl:
         if base_logits is None:
             raise ValueError("base_logits are needed when the contrastive or KL weight is non-zero")
-        logq = F.log_softmax(base_logits[:, :-1].float().detach(), dim=-1)  # [B, T-1, V]
-        if weights.contrastive:
-            logq_y = logq.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
-            log_ratio = logp_y - torch.logaddexp(logp_y, logq_y)
-            contrastive = -(log_ratio * (valid & priv)).sum()
-        if weights.kl:
-            kl_t = (logq.exp() * (logq - logp)).sum(-1)  # KL(P_base || P_theta), [B, T-1]
-            kl = (kl_t * (valid & ~priv)).sum()
+        logq = F.log_softmax(base_logits[:, :-1][valid].float().detach(), dim=-1)  # [N, V]
+        if weights.contrastive and bool(priv.any()):
+            lp, lq = logp_y[priv], logq[priv].gather(-1, y[priv].unsqueeze(-1)).squeeze(-1)
+            contrastive = -(lp - torch.logaddexp(lp, lq)).sum()
+        if weights.kl and bool((~priv).any()):
+            lq_pub = logq[~priv]
+            kl = (lq_pub.exp() * (lq_pub - logp[~priv])).sum()  # KL(P_base || P_theta) per token, summed
     if reduction == "mean":
         denom = max(n, 1)
         lm, contrastive, kl = lm / denom, contrastive / denom, kl / denom
     total = weights.lm * lm + weights.contrastive * contrastive + weights.kl * kl
-    return LossTerms(total, lm, contrastive, kl, n, int((valid & priv).sum()))
+    return LossTerms(total, lm, contrastive, kl, n, int(priv.sum()))

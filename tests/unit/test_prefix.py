@@ -15,7 +15,13 @@ from ctrlgen.models import tiny_llama
 from ctrlgen.prompts import prefix_prompt
 from ctrlgen.training import LossWeights
 from ctrlgen.training.data import collate, encode_example
-from ctrlgen.training.prefix import batch_loss, load_prefix_model, loss_weights, prefix_model
+from ctrlgen.training.prefix import (
+    batch_loss,
+    init_prefix_from_text,
+    load_prefix_model,
+    loss_weights,
+    prefix_model,
+)
 
 DOCS = [
     ("PERSON: Alice Jones", "Alice Jones was seen in clinic today for follow up.", [(0, 11)]),
@@ -58,6 +64,19 @@ def test_only_the_prefix_trains():
     batch_loss(model, _batch(tok), LossWeights()).total.backward()
     for n, p in model.named_parameters():
         assert (p.grad is not None) == ("prompt_encoder" in n), n
+
+
+def test_a_text_initialised_prefix_acts_as_that_text_before_the_input():
+    base, tok = tiny_llama(seed=3)
+    model = prefix_model(base, num_virtual_tokens=6)
+    init_prefix_from_text(model, tok, "one two three four five six seven")
+    init = tok("one two three four five six seven", add_special_tokens=False)["input_ids"][:6]
+    x = tok("The patient was seen today", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        tuned = model(input_ids=torch.tensor([x])).logits
+        with model.disable_adapter():
+            plain = base(input_ids=torch.tensor([init + x])).logits[:, len(init) :]
+    assert torch.allclose(tuned, plain, atol=1e-5)
 
 
 def test_plain_variant_runs_no_base_forward_and_masked_runs_one():
