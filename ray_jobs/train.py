@@ -44,6 +44,8 @@ __all__ = ["TokenizeActor", "TrainSummary", "deepspeed_config", "main", "run", "
 _COLUMNS = ["doc_id", "text", "entities", "control_code"]
 _STATE = "train_state.json"
 _HISTORY = "metrics.jsonl"
+_MANIFEST = "manifest.json"
+_COUNTS = "counts.json"
 
 
 class TokenizeActor:
@@ -154,20 +156,22 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     shard = ray.train.get_dataset_shard("train")
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
-    def collate_fn(b: dict[str, Any]) -> dict[str, Any]:
-        return collate(b["input_ids"], b["labels"], b["private"], pad)
-
     start = step
     while step < total:
         epoch, skip = divmod(step, steps_per_epoch)
-        batches = shard.iter_torch_batches(batch_size=t.batch_size, collate_fn=collate_fn, drop_last=True)
-        seen = 0
-        for i, batch in enumerate(batches):
-            seen = i + 1
-            if i < skip:
-                continue  # as many batches as the checkpoint learnt from in the interrupted epoch
-            if step >= total or i >= steps_per_epoch:
+        # Every worker streams the same examples in the same order and takes every world-th batch:
+        # the split is fixed, so a resumed epoch continues with exactly the batches not yet trained.
+        batches = shard.iter_batches(batch_size=t.batch_size, batch_format="numpy", drop_last=True)
+        local = -1
+        for g, arrays in enumerate(batches):
+            if g >= steps_per_epoch * world or step >= total:
                 break
+            if g % world != rank:
+                continue
+            local = g // world
+            if local < skip:
+                continue  # trained before the checkpoint this run resumed from
+            batch = collate(arrays["input_ids"], arrays["labels"], arrays["private"], pad)
             t0 = time.perf_counter()
             terms = batch_loss(engine.module, batch, weights, t.reduction, forward=engine)
             engine.backward(terms.total)
@@ -202,8 +206,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 state = {"step": step, "epoch": epoch + 1, "resumed_from": start}
                 ray.train.report({k: rec[k] for k in ("step", "loss", "lm", "contrastive", "kl")},
                                  checkpoint=_save(engine, state, history, rank))  # fmt: skip
-        if step < total and seen < steps_per_epoch:
-            raise CtrlgenError(f"worker {rank}: its data shard ran out after {seen} of {steps_per_epoch} batches")
+        if step < total and local + 1 < steps_per_epoch:
+            raise CtrlgenError(f"worker {rank}: the examples ran out after {local + 1} of {steps_per_epoch} batches")
 
 
 @dataclass
@@ -253,6 +257,66 @@ def _resolve(path: str) -> str:
     return str(root) if root.exists() else str(p)
 
 
+def _manifest(cfg: CtrlgenConfig) -> dict[str, Any]:
+    """What the training examples depend on (paths and settings, no text)."""
+    t = cfg.training
+    return {
+        "corpus": cfg.corpus.model_dump(mode="json"),
+        "extraction": cfg.extraction.setting,
+        "input": str(Path(t.input).resolve()) if t.input else None,
+        "model": cfg.model.name,
+        "data": t.model_dump(
+            mode="json", include={"max_doc_tokens", "max_code_tokens", "num_documents", "require_code", "seed"}
+        ),
+    }
+
+
+def _read_manifest(data_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((data_dir / _MANIFEST).read_text())  # type: ignore[no-any-return]
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _tokenize(cfg: CtrlgenConfig, src: Path, data_dir: Path) -> tuple[int, int, int]:
+    """Extraction rows -> training examples (Parquet by status); returns documents, ok, quarantined."""
+    import ray
+    from ray.data.datasource import FilenameProvider
+
+    from ray_jobs.common import has_code, seeded_sample
+
+    class _Ordered(FilenameProvider):  # file names sort in write-task order
+        def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+            return f"examples-{task_index:06}-{write_uuid}.parquet"
+
+    t = cfg.training
+    ctx = ray.data.DataContext.get_current()
+    before = ctx.execution_options.preserve_order
+    ctx.execution_options.preserve_order = True  # same input, same examples in the same order
+    try:
+        ds = ray.data.read_parquet(str(src)).select_columns(_COLUMNS)
+        eligible = ds.map_batches(has_code, batch_format="pyarrow") if t.require_code else ds
+        if t.num_documents is not None:
+            docs = ray.data.from_items(seeded_sample(eligible, t.num_documents, t.seed, "train", _COLUMNS))
+        else:
+            docs = eligible
+        docs.repartition(target_num_rows_per_block=256).map_batches(
+            TokenizeActor,
+            fn_constructor_kwargs={"cfg_json": cfg.model_dump_json()},
+            batch_size=256,
+            batch_format="pyarrow",
+            num_cpus=0.5,
+            compute=ray.data.ActorPoolStrategy(size=1),
+        ).write_parquet(str(data_dir), partition_cols=["status"], filename_provider=_Ordered())
+    finally:
+        ctx.execution_options.preserve_order = before
+    n_docs = docs.count()
+    ok, bad = _count(data_dir)
+    if ok + bad != n_docs:
+        raise CtrlgenError(f"{n_docs} documents in but {ok} examples + {bad} quarantined written to {data_dir}")
+    return n_docs, ok, bad
+
+
 def run(cfg: CtrlgenConfig) -> TrainSummary:
     """Extraction output -> tokenised pairs (Parquet) -> TorchTrainer + DeepSpeed -> adapter."""
     import ray
@@ -260,36 +324,31 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample
+    from ray_jobs.common import extraction_input, reset_dir
     from ray_jobs.extract import init_ray
 
     t = cfg.training
     t0 = time.perf_counter()
     ds_config = deepspeed_config(_resolve(t.deepspeed), t.batch_size, t.num_workers)
-    src = extraction_input(cfg, t.input, "train")
-    init_ray(cfg)
-    ds = ray.data.read_parquet(str(src)).select_columns(_COLUMNS)
-    eligible = ds.map_batches(has_code, batch_format="pyarrow") if t.require_code else ds
-    if t.num_documents is not None:
-        docs = ray.data.from_items(seeded_sample(eligible, t.num_documents, t.seed, "train", _COLUMNS))
-    else:
-        docs = eligible
     out = Path(cfg.output_dir).resolve()
-    data_dir = reset_dir(out / "train_data")
-    docs.repartition(target_num_rows_per_block=256).map_batches(
-        TokenizeActor,
-        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json()},
-        batch_size=256,
-        batch_format="pyarrow",
-        num_cpus=0.5,
-        compute=ray.data.ActorPoolStrategy(size=1),
-    ).write_parquet(str(data_dir), partition_cols=["status"])
-    n_docs = docs.count()
-    ok, bad = _count(data_dir)
-    if ok + bad != n_docs:
-        raise CtrlgenError(f"{n_docs} documents in but {ok} examples + {bad} quarantined written to {data_dir}")
-    per_worker = ok // t.num_workers  # Ray Train splits the data equally between the workers
-    steps_per_epoch = per_worker // t.batch_size
+    storage = Path(t.storage_path).resolve() if t.storage_path else out / "ray_train"
+    if not t.resume:
+        reset_dir(storage / t.run_name)
+    data_dir = out / "train_data"
+    manifest = _manifest(cfg)
+    reuse = (storage / t.run_name).is_dir() and _read_manifest(data_dir) == manifest
+    if reuse:  # a resumed run trains on exactly the examples (and order) it started with
+        counts = json.loads((data_dir / _COUNTS).read_text())
+        n_docs, ok, bad = counts["documents"], counts["ok"], counts["quarantined"]
+        print(f"train: resuming run {t.run_name}: reusing the examples in {data_dir}", file=sys.stderr, flush=True)
+    else:
+        src = extraction_input(cfg, t.input, "train")
+        init_ray(cfg)
+        n_docs, ok, bad = _tokenize(cfg, src, reset_dir(data_dir))
+        (data_dir / _COUNTS).write_text(json.dumps({"documents": n_docs, "ok": ok, "quarantined": bad}) + "\n")
+        (data_dir / _MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    init_ray(cfg)
+    steps_per_epoch = ok // t.batch_size // t.num_workers  # full rounds of one batch per worker
     if steps_per_epoch == 0:
         raise CtrlgenError(
             f"{ok} training examples cannot fill one step of {t.num_workers} workers x {t.batch_size} documents"
@@ -301,12 +360,7 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
         file=sys.stderr,
         flush=True,
     )
-    storage = Path(t.storage_path).resolve() if t.storage_path else out / "ray_train"
-    if not t.resume:
-        reset_dir(storage / t.run_name)
     storage.mkdir(parents=True, exist_ok=True)
-    # preserve_order: a deterministic order for one worker; with several, Ray Data's split decides which
-    # worker gets which rows as they stream (so a resumed epoch's remaining batches are not fixed).
     train_ds = ray.data.read_parquet(str(data_dir / "status=ok")).select_columns(["input_ids", "labels", "private"])
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -326,7 +380,8 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
             failure_config=FailureConfig(max_failures=t.max_failures),
         ),
         datasets={"train": train_ds},
-        dataset_config=DataConfig(execution_options=ExecutionOptions(preserve_order=True)),
+        # Not split: each worker reads all examples in order and takes its batches (see the loop).
+        dataset_config=DataConfig(datasets_to_split=[], execution_options=ExecutionOptions(preserve_order=True)),
     )
     result = trainer.fit()
     if result.checkpoint is None:
