@@ -89,8 +89,11 @@ def masked_prefix_loss(
             lp, lq = logp_y[priv], logq[priv].gather(-1, y[priv].unsqueeze(-1)).squeeze(-1)
             contrastive = -(lp - torch.logaddexp(lp, lq)).sum()
         if weights.kl and bool((~priv).any()):
-            lq_pub = logq[~priv]
-            kl = (lq_pub.exp() * (lq_pub - logp[~priv])).sum()  # KL(P_base || P_theta) per token, summed
+            # KL(P_base || P_theta) per row = sum_v q log q - sum_v q log p, as two row-wise dot products
+            # (no [N, V] temporaries beyond q; the first term carries no gradient).
+            q = logq.exp()
+            kl_rows = torch.einsum("nv,nv->n", q, logq) - torch.einsum("nv,nv->n", q, logp)
+            kl = (kl_rows * (~priv)).sum()
     if reduction == "mean":
         denom = max(n, 1)
         lm, contrastive, kl = lm / denom, contrastive / denom, kl / denom

@@ -106,5 +106,5 @@ def batch_loss(
     base = None
     if weights.contrastive or weights.kl:
         with torch.no_grad(), model.disable_adapter():
-            base = model(**inputs).logits
+            base = model(**inputs, use_cache=False).logits
     return masked_prefix_loss(logits, base, batch["labels"], batch["private"], weights, reduction)

@@ -86,3 +86,38 @@ def test_prefix_generation_without_an_adapter_is_a_clear_error(ray_cluster, tmp_
 
     assert main(["generate", "-c", CONFIG, f"output_dir={tmp_path}"]) == 2
     assert "needs a PEFT adapter" in capsys.readouterr().err
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint(ray_cluster, tmp_path, shared, capsys):
+    """The job's process (and the local Ray cluster it started) is SIGKILLed mid-run; a re-run continues."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ctrlgen.cli import main
+
+    out = tmp_path / "run"
+    args = [f"output_dir={out}", f"corpus.path={shared / 'physionet-deid'}", "training.epochs=10",
+            "training.checkpoint_every=1"]  # fmt: skip
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.Popen([sys.executable, "-m", "ray_jobs.train", "-c", CONFIG, *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    snapshot = out / "ray_train" / "prefix" / "checkpoint_manager_snapshot.json"
+    try:
+        deadline = time.monotonic() + 300
+        while not snapshot.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        assert snapshot.is_file(), "no checkpoint within 300 s"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (out / "adapter").exists()  # it never finished
+    assert main(["train", "-c", CONFIG, *args]) == 0
+    captured = capsys.readouterr()
+    resumed = int(captured.out.split("resumed from ")[1].split(")")[0])
+    assert 1 <= resumed < 40 and "steps 40 (" in captured.out
+    history = [json.loads(x) for x in (out / "training" / "metrics.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in history] == list(range(1, 41))
