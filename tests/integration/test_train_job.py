@@ -99,8 +99,8 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(ray_cluster, tmp_path, sh
     from ctrlgen.cli import main
 
     out = tmp_path / "run"
-    args = [f"output_dir={out}", f"corpus.path={shared / 'physionet-deid'}", "training.epochs=10",
-            "training.checkpoint_every=1"]  # fmt: skip
+    args = [f"output_dir={out}", f"corpus.path={shared / 'physionet-deid'}", "training.epochs=4",
+            "training.checkpoint_every=4"]  # fmt: skip
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.Popen([sys.executable, "-m", "ray_jobs.train", "-c", CONFIG, *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
@@ -118,6 +118,6 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(ray_cluster, tmp_path, sh
     assert main(["train", "-c", CONFIG, *args]) == 0
     captured = capsys.readouterr()
     resumed = int(captured.out.split("resumed from ")[1].split(")")[0])
-    assert 1 <= resumed < 40 and "steps 40 (" in captured.out
+    assert resumed in (4, 8, 12) and "steps 16 (" in captured.out
     history = [json.loads(x) for x in (out / "training" / "metrics.jsonl").read_text().splitlines()]
-    assert [h["step"] for h in history] == list(range(1, 41))
+    assert [h["step"] for h in history] == list(range(1, 17))
