@@ -11,5 +11,21 @@ CONFIG=${1:?usage: cluster/submit.sh CONFIG [key.sub=value ...]}
 shift
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$RAY_STATE/auth_token"
 args=$(printf " %q" "$@")
-exec "$BIN/ray" job submit --address "http://127.0.0.1:$DASHBOARD_PORT" --entrypoint-num-cpus=0 \
-  -- bash -c "cd $(printf %q "$ROOT") && $(printf %q "$BIN/python") -m ray_jobs.extract -c $(printf %q "$CONFIG")$args ray.address=auto"
+entry="cd $(printf %q "$ROOT") && $(printf %q "$BIN/python") -m ray_jobs.extract -c $(printf %q "$CONFIG")$args ray.address=auto"
+# A head that has just started may not have its job agent yet: Ray answers 500 "No available
+# agent to submit job, please try again later" and no job is created, so that case is retried.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+for attempt in $(seq 1 30); do
+  set +e
+  "$BIN/ray" job submit --address "http://127.0.0.1:$DASHBOARD_PORT" --entrypoint-num-cpus=0 \
+    -- bash -c "$entry" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" -eq 0 ] || ! grep -q "No available agent" "$log"; then
+    exit "$rc"
+  fi
+  echo "submit.sh: the head's job agent is not up yet; retrying in 2 s (attempt $attempt of 30)" >&2
+  sleep 2
+done
+exit "$rc"
