@@ -63,8 +63,10 @@ def masked_prefix_loss(
 
     Args:
         logits: ``[batch, seq, vocab]`` of the tuned model.
-        base_logits: ``[batch, seq, vocab]`` of the base model (prefix disabled, no grad);
-            may be None when the contrastive and KL weights are 0.
+        base_logits: ``[batch, seq, vocab]`` of the base model (prefix disabled, no grad), or
+            only its rows at the output positions, ``[N, vocab]`` in the order of
+            ``labels[:, 1:] != -100`` (cheaper: see ``ctrlgen.training.prefix``); may be None
+            when the contrastive and KL weights are 0.
         labels: ``[batch, seq]`` token ids, -100 where no loss is taken.
         private: ``[batch, seq]`` bool, True on tokens overlapping a private span (M_t = 0),
             aligned with ``labels``.
@@ -84,7 +86,10 @@ def masked_prefix_loss(
     if weights.contrastive or weights.kl:
         if base_logits is None:
             raise ValueError("base_logits are needed when the contrastive or KL weight is non-zero")
-        logq = F.log_softmax(base_logits[:, :-1][valid].float().detach(), dim=-1)  # [N, V]
+        rows = base_logits if base_logits.dim() == 2 else base_logits[:, :-1][valid]
+        if rows.shape[0] != n:
+            raise ValueError(f"base_logits has {rows.shape[0]} output rows; the labels have {n}")
+        logq = F.log_softmax(rows.float().detach(), dim=-1)  # [N, V]
         if weights.contrastive and bool(priv.any()):
             lp, lq = logp_y[priv], logq[priv].gather(-1, y[priv].unsqueeze(-1)).squeeze(-1)
             contrastive = -(lp - torch.logaddexp(lp, lq)).sum()

@@ -24,6 +24,7 @@ from ctrlgen.training.loss import LossTerms, LossWeights, masked_prefix_loss
 
 __all__ = [
     "PREFIX_INIT_TEXT",
+    "base_output_logits",
     "batch_loss",
     "init_prefix_from_text",
     "load_prefix_model",
@@ -79,6 +80,21 @@ def load_prefix_model(model: Any, adapter_dir: str) -> Any:
     return pm
 
 
+@torch.no_grad()
+def base_output_logits(model: Any, inputs: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+    """P_base's logits at the output positions only, ``[N, vocab]`` (see ``masked_prefix_loss``).
+
+    The base model's decoder without the prefix, then its output layer on the rows that
+    predict an output token: the code prompt and padding never go through the
+    vocabulary-sized projection. Equal to the bare model's logits there (tested).
+    """
+    base = model.get_base_model()
+    with model.disable_adapter():
+        hidden = base.get_decoder()(**inputs, use_cache=False).last_hidden_state  # [B, T, d]
+    valid = labels[:, 1:] != -100
+    return base.get_output_embeddings()(hidden[:, :-1][valid])  # [N, V]
+
+
 def loss_weights(cfg: TrainingConfig) -> LossWeights:
     """``plain`` -> (1, 0, 0); ``masked`` -> the configured (l_LM, l_c, l_KL)."""
     if cfg.variant == "plain":
@@ -105,6 +121,5 @@ def batch_loss(
     logits = fwd(**inputs).logits
     base = None
     if weights.contrastive or weights.kl:
-        with torch.no_grad(), model.disable_adapter():
-            base = model(**inputs, use_cache=False).logits
+        base = base_output_logits(model, inputs, batch["labels"])
     return masked_prefix_loss(logits, base, batch["labels"], batch["private"], weights, reduction)

@@ -16,6 +16,7 @@ from ctrlgen.prompts import prefix_prompt
 from ctrlgen.training import LossWeights
 from ctrlgen.training.data import collate, encode_example
 from ctrlgen.training.prefix import (
+    base_output_logits,
     batch_loss,
     init_prefix_from_text,
     load_prefix_model,
@@ -101,6 +102,27 @@ def test_the_base_forward_is_the_bare_model(trained):
         off = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     bare = tiny_llama(seed=3)[0](input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     assert torch.equal(off, bare)
+
+
+def test_base_rows_at_output_positions_are_the_bare_models(trained):
+    model, tok, _ = trained
+    batch = _batch(tok)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    rows = base_output_logits(model, inputs, batch["labels"])
+    with torch.no_grad():
+        bare = tiny_llama(seed=3)[0](**inputs).logits
+    valid = batch["labels"][:, 1:] != -100
+    assert torch.allclose(rows, bare[:, :-1][valid], atol=1e-5)
+    # ... and the loss from them equals the loss from the full base logits.
+    with torch.no_grad():
+        tuned = model(**inputs).logits
+    from ctrlgen.training import masked_prefix_loss
+
+    a = masked_prefix_loss(tuned, rows, batch["labels"], batch["private"])
+    b = masked_prefix_loss(tuned, bare, batch["labels"], batch["private"])
+    assert torch.allclose(a.total, b.total, atol=1e-5)
+    with pytest.raises(ValueError, match="output rows"):
+        masked_prefix_loss(tuned, rows[1:], batch["labels"], batch["private"])
 
 
 def test_training_lowers_the_masked_loss(trained):
