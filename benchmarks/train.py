@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import write_section
 
 from ctrlgen.codes import build_control_code, format_control_code
-from ctrlgen.config import PhysionetCorpusConfig, load_config
+from ctrlgen.config import PhysionetCorpusConfig, TrainingConfig, load_config
 from ctrlgen.corpora import load_corpus
 from ctrlgen.models import load_causal_lm
 from ctrlgen.schema import select_private
@@ -75,7 +76,7 @@ def step_times(steps: int, batch_size: int, max_tokens: int) -> tuple[str, float
     rows = [
         f"Batch of {batch_size} PhysioNet notes, {tokens} tokens (code prompt + note, cut at {max_tokens} note "
         f"tokens), 20 virtual tokens, {torch.get_num_threads()} torch threads, median of {steps} steps each "
-        "(interleaved).",
+        "(interleaved), with the train workers' allocator settings (`training.worker_env`).",
         "",
         "| variant | s / step | tokens / s | vs plain |",
         "|---|---|---|---|",
@@ -128,6 +129,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes; does not write docs/benchmarks.md")
     args = ap.parse_args()
+    env = TrainingConfig().worker_env  # the train workers' allocator settings, for this process too
+    if any(os.environ.get(k) != v for k, v in env.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})  # glibc reads them at start
     torch.manual_seed(0)
     if args.quick:
         print(step_times(2, 2, 64)[0])

@@ -378,6 +378,7 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
             storage_path=str(storage),
             checkpoint_config=CheckpointConfig(num_to_keep=t.keep_checkpoints),
             failure_config=FailureConfig(max_failures=t.max_failures),
+            worker_runtime_env={"env_vars": dict(t.worker_env)},
         ),
         datasets={"train": train_ds},
         # Not split: each worker reads all examples in order and takes its batches (see the loop).
