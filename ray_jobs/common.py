@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ctrlgen.config import CtrlgenConfig
+from ctrlgen.config import CtrlgenConfig, load_config
 from ctrlgen.errors import CtrlgenError
 
-__all__ = ["extraction_input", "has_code", "reset_dir", "seeded_sample", "values_of"]
+__all__ = ["extraction_input", "has_code", "job_main", "reset_dir", "seeded_sample", "values_of"]
 
 
 def extraction_input(cfg: CtrlgenConfig, given: str | None, job: str) -> Path:
@@ -74,3 +76,20 @@ def seeded_sample(ds: Any, k: int, seed: int, salt: str, columns: list[str]) -> 
     rows = ds.map_batches(_top_k(k, seed, salt), batch_format="pyarrow", batch_size=4096).take_all()
     rows.sort(key=lambda r: r["_key"])
     return [{c: r[c] for c in columns} for r in rows[:k]]
+
+
+def job_main(name: str, doc: str | None, run: Callable[[CtrlgenConfig], Any], argv: list[str] | None) -> int:
+    """``python -m ray_jobs.<name> --config FILE key.sub=value ...``: run the job, print its summary."""
+    ap = argparse.ArgumentParser(
+        prog=f"python -m ray_jobs.{name}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--config", "-c", default=None)
+    ap.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    args = ap.parse_args(argv)
+    try:
+        summary = run(load_config(args.config, args.overrides))
+    except CtrlgenError as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 2
+    print(summary.text())
+    return 0

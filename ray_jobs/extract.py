@@ -17,7 +17,6 @@ out / quarantined and entities by category; Ray Data shows progress bars.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -30,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from ctrlgen.config import CtrlgenConfig, MimicCorpusConfig, load_config
+from ctrlgen.config import CtrlgenConfig, MimicCorpusConfig
 from ctrlgen.corpora import read_corpus
 from ctrlgen.errors import CtrlgenError
 from ctrlgen.schema import DOCUMENT_SCHEMA, Document, Quarantined
@@ -195,20 +194,9 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m ray_jobs.extract", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--config", "-c", default=None)
-    ap.add_argument("overrides", nargs="*", metavar="key.sub=value")
-    args = ap.parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-        summary = run(cfg)
-    except CtrlgenError as exc:
-        print(f"extract: error: {exc}", file=sys.stderr)
-        return 2
-    print(summary.text())
-    return 0
+    from ray_jobs.common import job_main
+
+    return job_main("extract", __doc__, run, argv)
 
 
 if __name__ == "__main__":

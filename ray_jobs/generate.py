@@ -19,7 +19,6 @@ job first when ``generation.input`` is not set), then:
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -29,7 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ctrlgen.config import CtrlgenConfig, load_config
+from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import CtrlgenError
 
 __all__ = ["GenerateActor", "GenerateSummary", "main", "run"]
@@ -176,19 +175,9 @@ def run(cfg: CtrlgenConfig) -> GenerateSummary:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m ray_jobs.generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--config", "-c", default=None)
-    ap.add_argument("overrides", nargs="*", metavar="key.sub=value")
-    args = ap.parse_args(argv)
-    try:
-        summary = run(load_config(args.config, args.overrides))
-    except CtrlgenError as exc:
-        print(f"generate: error: {exc}", file=sys.stderr)
-        return 2
-    print(summary.text())
-    return 0
+    from ray_jobs.common import job_main
+
+    return job_main("generate", __doc__, run, argv)
 
 
 if __name__ == "__main__":

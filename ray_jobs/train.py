@@ -23,7 +23,6 @@ Reads the extraction output (runs the extraction job first when
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -36,7 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ctrlgen.config import CtrlgenConfig, load_config
+from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import ConfigError, CtrlgenError
 
 __all__ = ["TokenizeActor", "TrainSummary", "deepspeed_config", "main", "run", "train_loop_per_worker"]
@@ -417,19 +416,9 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m ray_jobs.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--config", "-c", default=None)
-    ap.add_argument("overrides", nargs="*", metavar="key.sub=value")
-    args = ap.parse_args(argv)
-    try:
-        summary = run(load_config(args.config, args.overrides))
-    except CtrlgenError as exc:
-        print(f"train: error: {exc}", file=sys.stderr)
-        return 2
-    print(summary.text())
-    return 0
+    from ray_jobs.common import job_main
+
+    return job_main("train", __doc__, run, argv)
 
 
 if __name__ == "__main__":
