@@ -89,6 +89,14 @@ def deepspeed_config(path: str, batch_size: int, world_size: int) -> dict[str, A
     return ds
 
 
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
+
+
 def _save(engine: Any, state: dict[str, Any], history: list[dict[str, Any]], rank: int) -> Any:
     """Every rank writes its DeepSpeed shard (trainable params only); rank 0 adds adapter and history."""
     from ray.train import Checkpoint
@@ -99,7 +107,7 @@ def _save(engine: Any, state: dict[str, Any], history: list[dict[str, Any]], ran
     engine.module.save_pretrained(os.path.join(d, "adapter"), is_main_process=rank == 0)
     if rank == 0:
         Path(d, _STATE).write_text(json.dumps(state), encoding="utf-8")
-        Path(d, _HISTORY).write_text("".join(json.dumps(h) + "\n" for h in history), encoding="utf-8")
+        _write_jsonl(Path(d, _HISTORY), history)
     return Checkpoint.from_directory(d)
 
 
@@ -145,8 +153,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         with ckpt.as_directory() as d:
             _, client = engine.load_checkpoint(d, tag="deepspeed", load_module_strict=False)
             step = int(client["step"])
-            hist = Path(d, _HISTORY)
-            history = [json.loads(x) for x in hist.read_text().splitlines()] if hist.is_file() else []
+            history = _read_jsonl(Path(d, _HISTORY))
         say(f"resumed from the checkpoint at step {step}")
     steps_per_epoch, total = config["steps_per_epoch"], config["total_steps"]
     say(
@@ -335,7 +342,12 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
         reset_dir(storage / t.run_name)
     data_dir = out / "train_data"
     manifest = _manifest(cfg)
-    reuse = (storage / t.run_name).is_dir() and _read_manifest(data_dir) == manifest
+    reuse = (storage / t.run_name).is_dir()
+    if reuse and _read_manifest(data_dir) != manifest:
+        raise CtrlgenError(
+            f"run {t.run_name} in {storage} was trained on other examples than this config makes (or "
+            f"{data_dir} is gone): set training.resume=false to start it afresh, or another training.run_name"
+        )
     if reuse:  # a resumed run trains on exactly the examples (and order) it started with
         counts = json.loads((data_dir / _COUNTS).read_text())
         n_docs, ok, bad = counts["documents"], counts["ok"], counts["quarantined"]
@@ -391,9 +403,9 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
     logs.mkdir(parents=True, exist_ok=True)
     with result.checkpoint.as_directory() as d:
         shutil.copytree(Path(d) / "adapter", adapter)
-        history = [json.loads(x) for x in Path(d, _HISTORY).read_text().splitlines()]
+        history = _read_jsonl(Path(d, _HISTORY))
         final_state = json.loads(Path(d, _STATE).read_text())
-    (logs / _HISTORY).write_text("".join(json.dumps(h) + "\n" for h in history), encoding="utf-8")
+    _write_jsonl(logs / _HISTORY, history)
     steps = int(final_state["step"])
     resumed_from = int(final_state.get("resumed_from", 0))
     this_run = [h for h in history if h["step"] > resumed_from]

@@ -18,7 +18,7 @@ from typing import Any
 from ctrlgen.errors import CtrlgenError
 from ctrlgen.metrics.leakage import elp_finetune, elp_icl, normalize_value, pipp_finetune, pipp_icl
 
-__all__ = ["ModeLeakage", "finetune_values", "leakage_by_mode", "leakage_table", "read_generated"]
+__all__ = ["FINETUNE_MODES", "ModeLeakage", "finetune_values", "leakage_by_mode", "leakage_table", "read_generated"]
 
 _ORDER = ("baseline", "icl", "icl_blocking", "prefix")
 #: Modes measured with the fine-tuning definitions (against the whole fine-tuning set).

@@ -105,14 +105,14 @@ def encode_rows(rows: Iterable[dict[str, Any]], tokenizer: Any, max_doc_tokens: 
         if bad:
             out.append(_quarantined(doc_id, f"{len(bad)} entity span(s) outside the text of {len(text)} characters"))
             continue
-        n_code = len(tokenizer(prefix_prompt(code), add_special_tokens=False)["input_ids"])
+        ex = encode_example(code, text, spans, tokenizer, max_doc_tokens)
+        n_code = ex.labels.count(-100)  # the code prompt's tokens
         if n_code > max_code_tokens:
             out.append(
                 _quarantined(doc_id, f"control code prompt of {n_code} tokens > max_code_tokens {max_code_tokens}")
             )
             continue
-        ex = encode_example(code, text, spans, tokenizer, max_doc_tokens)
-        n_out = sum(lab != -100 for lab in ex.labels)
+        n_out = len(ex.labels) - n_code
         out.append({"doc_id": doc_id, "control_code": code, "input_ids": ex.input_ids, "labels": ex.labels, "private": ex.private,
                     "n_output": n_out, "n_private": sum(ex.private), "status": "ok", "reason": ""})  # fmt: skip
     return pa.Table.from_pylist(out, schema=TRAIN_SCHEMA)

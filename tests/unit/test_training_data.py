@@ -121,3 +121,18 @@ def test_deepspeed_config_fills_auto_and_refuses_an_optimizer(tmp_path):
         deepspeed_config(str(tmp_path / "broken.json"), 4, 2)
     with pytest.raises(ConfigError, match="does not exist"):
         deepspeed_config(str(tmp_path / "none.json"), 4, 2)
+
+
+def test_resuming_a_run_with_other_examples_is_refused(tmp_path):
+    """A run's checkpoints were trained on its examples: a config making others must not resume them."""
+    from ctrlgen.config import load_config
+    from ctrlgen.errors import CtrlgenError
+    from ray_jobs.train import _MANIFEST, _manifest, run
+
+    cfg = load_config("configs/train_tiny.yaml", [f"output_dir={tmp_path}"])
+    (tmp_path / "ray_train" / "prefix").mkdir(parents=True)  # an existing run
+    (tmp_path / "train_data").mkdir()
+    other = load_config("configs/train_tiny.yaml", [f"output_dir={tmp_path}", "training.max_doc_tokens=64"])
+    (tmp_path / "train_data" / _MANIFEST).write_text(json.dumps(_manifest(other)))
+    with pytest.raises(CtrlgenError, match="trained on other examples"):
+        run(cfg)
