@@ -117,29 +117,20 @@ def _print_extracted_codes(cfg: CtrlgenConfig, extracted: Path) -> None:
         print(row["control_code"] or "(no private entities)")
 
 
-def cmd_extract(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
-    # The Ray job lives outside the core; the CLI only hands it the config.
-    from ray_jobs.extract import run
+def _job(name: str) -> Callable[[CtrlgenConfig, argparse.Namespace], int]:
+    """A verb that hands the config to ``ray_jobs.<name>.run`` (the Ray jobs live outside the core)."""
 
-    summary = run(cfg)
-    print(summary.text())
-    return 0
+    def cmd(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+        import importlib
 
+        summary = importlib.import_module(f"ray_jobs.{name}").run(cfg)
+        print(summary.text())
+        return 0
 
-def cmd_generate(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
-    from ray_jobs.generate import run
-
-    summary = run(cfg)
-    print(summary.text())
-    return 0
+    return cmd
 
 
-def cmd_train(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
-    from ray_jobs.train import run
-
-    summary = run(cfg)
-    print(summary.text())
-    return 0
+cmd_extract, cmd_generate, cmd_train, cmd_experiment = (_job(n) for n in ("extract", "generate", "train", "experiment"))
 
 
 def cmd_leakage(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
@@ -280,6 +271,11 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
         cmd_train,
         "Ray Train job: prefix tuning (training.variant masked | plain) with DeepSpeed on "
         "training.num_workers workers; checkpoints, resumes, writes <output_dir>/adapter (PEFT format).",
+    ),
+    "experiment": (
+        cmd_experiment,
+        "The experiment matrix {baseline, icl, icl_blocking, prefix, prefix_masked} x {known, unknown} x "
+        "seeds: extraction, patient split, training, generation, evaluation; writes results.json / .md / .png.",
     ),
     "leakage": (cmd_leakage, "PIPP/ELP per mode of generated Parquet output (recomputed from the text)."),
     "assets": (cmd_assets, "Load the offline spaCy pipeline and sentence encoder to check they are installed."),

@@ -27,6 +27,8 @@ __all__ = [
     "CorpusConfig",
     "CtrlgenConfig",
     "DemoCorpusConfig",
+    "ExperimentConfig",
+    "ExperimentMethod",
     "ExtractionConfig",
     "GateConfig",
     "GenerationConfig",
@@ -250,6 +252,11 @@ class GenerationConfig(_Model):
         description="Extraction output (the status=ok Parquet directory or its parent). Default: run "
         "the extraction job first into <output_dir>/extracted.",
     )
+    context_input: str | None = Field(
+        None,
+        description="Where the context pool comes from (an extraction output, e.g. a train split); "
+        "None: the same documents as the targets (`input`).",
+    )
     modes: list[GenerationMode] = Field(
         default_factory=lambda: list[GenerationMode](["baseline", "icl", "icl_blocking"]),
         description="baseline (3 real documents, no codes), icl (3 real pairs + fictional code), "
@@ -385,6 +392,52 @@ class RayConfig(_Model):
     include_dashboard: bool = Field(False, description="Start the dashboard with a local cluster.")
 
 
+ExperimentMethod = Literal["baseline", "icl", "icl_blocking", "prefix", "prefix_masked"]
+
+
+class ExperimentConfig(_Model):
+    """The experiment matrix (METHOD.md section 7): methods x entity settings x seeds, and its metrics."""
+
+    methods: list[ExperimentMethod] = Field(
+        default_factory=lambda: list[ExperimentMethod](["baseline", "icl", "icl_blocking", "prefix", "prefix_masked"]),
+        description="baseline, icl, icl_blocking (ICL generation modes); prefix (prefix tuning, plain "
+        "L_LM) and prefix_masked (prefix tuning with the privacy-masked loss).",
+    )
+    settings: list[Literal["known", "unknown"]] = Field(
+        default_factory=lambda: ["known", "unknown"],
+        description="Entity settings: gold entities (known) or Presidio's (unknown). Leakage is always "
+        "measured against the gold entities.",
+    )
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1, description="One run per seed.")
+    test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of patients in the test split.")
+    split_seed: int = Field(0, description="Seeds the patient split (the same for every run).")
+    num_documents: int = Field(
+        8, ge=2, description="Outputs per (method, setting, seed), generated from test-split documents' codes."
+    )
+    finetune_documents: int = Field(64, ge=2, description="Train-split documents the prefixes are tuned on.")
+    train_per_seed: bool = Field(
+        False,
+        description="Tune one prefix per seed (true) or one per (variant, setting) shared by the seeds "
+        "(false: the seeds then vary the targets, fictional codes, contexts and sampling only).",
+    )
+    canaries: int = Field(4, ge=0, description="Canaries planted into the fine-tuning set (0: none).")
+    canary_repeats: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8], min_length=1, description="Plantings of the i-th canary (cycled)."
+    )
+    canary_candidates: int = Field(499, ge=1, description="Other secrets each canary is ranked against.")
+    test_documents: int = Field(
+        24, ge=2, description="Real test-split documents for perplexity and MAUVE (seeded sample)."
+    )
+    ppl_epochs: int = Field(2, ge=1, description="Epochs of the downstream fine-tuning on a synthetic set.")
+    ppl_learning_rate: float = Field(5e-5, gt=0.0, description="AdamW learning rate of that fine-tuning.")
+    ppl_max_tokens: int = Field(256, ge=8, description="Tokens per text in that fine-tuning and in perplexity.")
+    distributed_eval: bool = Field(
+        True, description="Per-document metrics in a Ray Data actor pool (false: a local loop; same numbers)."
+    )
+    eval_actors: int = Field(2, ge=1, description="Evaluation actors (references indexed once per actor).")
+    torch_threads: int | None = Field(None, ge=1, description="torch threads of the driver's utility metrics.")
+
+
 class CtrlgenConfig(_Model):
     """Root config: one per YAML file under ``configs/``."""
 
@@ -399,6 +452,7 @@ class CtrlgenConfig(_Model):
     extraction: ExtractionConfig = Field(default_factory=ExtractionConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    experiment: ExperimentConfig = Field(default_factory=ExperimentConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     output_dir: str = Field("runs/demo", description="Where stages write their outputs.")
     show: int = Field(3, ge=0, description="How many control codes the demo prints.")

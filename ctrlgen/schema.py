@@ -58,7 +58,7 @@ CATEGORIES: tuple[str, ...] = (
 #: DIRECT identifiers single a person out on their own; QUASI ones in combination.
 IDENTIFIER_KINDS: tuple[str, ...] = ("DIRECT", "QUASI")
 #: Where a mention came from.
-SOURCES: tuple[str, ...] = ("gold", "placeholder", "metadata", "presidio", "pattern")
+SOURCES: tuple[str, ...] = ("gold", "placeholder", "metadata", "presidio", "pattern", "canary")
 
 ENTITY_TYPE = pa.struct(
     [

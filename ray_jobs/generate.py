@@ -123,15 +123,20 @@ def run(cfg: CtrlgenConfig) -> GenerateSummary:
             raise CtrlgenError(f"the prefix mode needs a PEFT adapter; {adapter} has none (run `ctrlgen train` first)")
         finetune = finetune_values(g.finetune_data or Path(cfg.output_dir) / "train_data")
     src = extraction_input(cfg, g.input, "generation")
+    ctx_src = extraction_input(cfg, g.context_input, "generation contexts") if g.context_input else src
     init_ray(cfg)
     ds = ray.data.read_parquet(str(src)).select_columns(_COLUMNS)
+    ctx_ds = ray.data.read_parquet(str(ctx_src)).select_columns(_COLUMNS) if ctx_src != src else ds
     exclude = ds.map_batches(values_of, batch_format="pyarrow").unique("value")
+    if ctx_src != src:
+        exclude = sorted(set(exclude) | set(ctx_ds.map_batches(values_of, batch_format="pyarrow").unique("value")))
     eligible = ds.map_batches(has_code, batch_format="pyarrow") if g.require_code else ds
+    ctx_eligible = ctx_ds.map_batches(has_code, batch_format="pyarrow") if g.require_code else ctx_ds
     icl = any(m != "prefix" for m in g.modes)
-    pool = seeded_sample(eligible, g.context_pool_size, g.seed, "pool", _COLUMNS) if icl else []
+    pool = seeded_sample(ctx_eligible, g.context_pool_size, g.seed, "pool", _COLUMNS) if icl else []
     if icl and len(pool) < g.n_context + 1:
         raise CtrlgenError(
-            f"only {len(pool)} eligible documents in {src}; ICL needs at least {g.n_context + 1} "
+            f"only {len(pool)} eligible documents in {ctx_src}; ICL needs at least {g.n_context + 1} "
             "(documents without a control code are skipped when generation.require_code is true)"
         )
     if g.num_documents is not None:

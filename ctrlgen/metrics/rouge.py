@@ -1,0 +1,143 @@
+"""ROUGE-2 / ROUGE-L F1 of a generated text against the real texts it could copy from.
+
+Scores come from Google's ``rouge_score`` (the reference implementation; its
+default tokenizer: lower case, non-alphanumerics dropped, no stemming). ICL
+compares an output with its own context documents, fine-tuning with the whole
+fine-tuning set; both take the **maximum** over the references (METHOD.md section 6).
+
+Candidate pruning (:class:`RougeIndex`) makes the maximum over a large reference
+set cheap without changing it. With ``c`` the output's tokens and ``r`` a
+reference's, rouge_score's F1 is ``2 * overlap / (|c| + |r|)`` (bigram counts for
+ROUGE-2, LCS length for ROUGE-L). Two bounds follow, both computed for every
+reference at once from inverted indexes (token / bigram -> references with counts):
+
+* ROUGE-2: the bigram multiset overlap gives the F1 itself (it is the upper bound,
+  and references sharing no bigram score 0);
+* ROUGE-L: ``LCS(c, r) <= sum_w min(count_c(w), count_r(w))`` (an LCS is a common
+  sub-multiset of tokens), so the unigram overlap bounds the F1 from above.
+
+References are then scored exactly with rouge_score in decreasing order of their
+bound, stopping when the best exact score reached is >= the next bound: the result
+is the brute-force maximum (tests check this on random sets), and only a handful
+of exact LCS computations run per output instead of one per reference.
+
+Example:
+    >>> idx = RougeIndex(["the cat sat on the mat", "a dog ran"])
+    >>> round(idx.best("the cat sat on a mat").rouge2, 4)
+    0.6
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["RougeBest", "RougeIndex", "rouge_pair", "tokenize"]
+
+
+def _scorer(kind: str) -> object:
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer([kind], use_stemmer=False)
+
+
+_SCORERS: dict[str, object] = {}
+
+
+def _score(kind: str, reference: str, candidate: str) -> float:
+    if kind not in _SCORERS:
+        _SCORERS[kind] = _scorer(kind)
+    return float(_SCORERS[kind].score(reference, candidate)[kind].fmeasure)  # type: ignore[attr-defined]
+
+
+def tokenize(text: str) -> list[str]:
+    """rouge_score's default tokens (what the F1 counts)."""
+    from rouge_score import tokenizers
+
+    return list(tokenizers.DefaultTokenizer(use_stemmer=False).tokenize(text))
+
+
+def rouge_pair(reference: str, candidate: str) -> tuple[float, float]:
+    """(ROUGE-2 F1, ROUGE-L F1) of one candidate against one reference, straight from rouge_score."""
+    return _score("rouge2", reference, candidate), _score("rougeL", reference, candidate)
+
+
+@dataclass(frozen=True)
+class RougeBest:
+    rouge2: float
+    rouge2_ref: int  # index of the best reference (-1: none)
+    rougeL: float
+    rougeL_ref: int
+    exact_calls: int  # exact rouge_score computations this search needed
+
+
+class _Inverted:
+    """key -> (reference ids, counts) arrays, plus per-reference totals."""
+
+    def __init__(self, bags: Sequence[Counter[object]]) -> None:
+        postings: dict[object, list[tuple[int, int]]] = defaultdict(list)
+        for i, bag in enumerate(bags):
+            for key, n in bag.items():
+                postings[key].append((i, n))
+        self.index = {k: (np.array([i for i, _ in v]), np.array([n for _, n in v])) for k, v in postings.items()}
+        self.totals = np.array([sum(b.values()) for b in bags], dtype=np.float64)
+
+    def overlap(self, bag: Counter[object]) -> np.ndarray:
+        out = np.zeros(len(self.totals), dtype=np.float64)
+        for key, n in bag.items():
+            hit = self.index.get(key)
+            if hit is not None:
+                ids, counts = hit
+                out[ids] += np.minimum(counts, n)
+        return out
+
+    def f1_bound(self, bag: Counter[object]) -> np.ndarray:
+        denom = self.totals + sum(bag.values())
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(denom > 0, 2.0 * self.overlap(bag) / denom, 0.0)
+
+
+def _bigrams(tokens: Sequence[str]) -> Counter[object]:
+    return Counter(itertools.pairwise(tokens))
+
+
+class RougeIndex:
+    """The references of one maximum (a context set, or a whole fine-tuning set), indexed once."""
+
+    def __init__(self, references: Sequence[str]) -> None:
+        self.references = list(references)
+        toks = [tokenize(t) for t in self.references]
+        self._uni = _Inverted([Counter(t) for t in toks])
+        self._bi = _Inverted([_bigrams(t) for t in toks])
+
+    def __len__(self) -> int:
+        return len(self.references)
+
+    def _search(self, kind: str, candidate: str, bound: np.ndarray) -> tuple[float, int, int]:
+        best, best_i, calls = 0.0, -1, 0
+        for i in np.argsort(-bound, kind="stable"):
+            if bound[i] <= 0.0 or (best_i >= 0 and best >= bound[i] + 1e-12):
+                break
+            calls += 1
+            s = _score(kind, self.references[i], candidate)
+            if s > best or best_i < 0:
+                best, best_i = s, int(i)
+        return best, best_i, calls
+
+    def best(self, candidate: str) -> RougeBest:
+        """The maximum ROUGE-2 and ROUGE-L F1 of ``candidate`` over the references (pruned, exact)."""
+        if not self.references:
+            return RougeBest(0.0, -1, 0.0, -1, 0)
+        toks = tokenize(candidate)
+        r2, i2, c2 = self._search("rouge2", candidate, self._bi.f1_bound(_bigrams(toks)))
+        rl, il, cl = self._search("rougeL", candidate, self._uni.f1_bound(Counter(toks)))
+        return RougeBest(r2, i2, rl, il, c2 + cl)
+
+    def brute_force(self, candidate: str) -> tuple[float, float]:
+        """The same maxima by scoring every reference (for tests and small sets)."""
+        pairs = [rouge_pair(r, candidate) for r in self.references]
+        return max((p[0] for p in pairs), default=0.0), max((p[1] for p in pairs), default=0.0)

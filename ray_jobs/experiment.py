@@ -1,0 +1,334 @@
+"""The experiment matrix (METHOD.md section 7) on one Ray cluster, reusing the other jobs.
+
+{baseline, ICL, ICL + blocking, prefix tuning, prefix tuning + masking} x {known,
+unknown entities} x seeds, read straight down:
+
+1. **extract** the corpus in each setting (the extraction job; the known setting
+   always runs: its gold entities are what leakage is measured against);
+2. **split by patient** into train / test (``experiment.test_fraction``, seeded;
+   every note of a patient on one side), written as Parquet per setting;
+3. **fine-tuning set**: a seeded sample of train-split notes with ``experiment.canaries``
+   canaries planted (:mod:`ctrlgen.metrics.canary`), the same notes in both settings;
+4. **train** a prefix per setting and variant (plain for ``prefix``, masked for
+   ``prefix_masked``; per seed with ``train_per_seed``) with the training job;
+   canary exposure of each adapter;
+5. **generate**, per setting and seed, ``experiment.num_documents`` outputs per
+   method from test-split notes' fictional codes (ICL contexts from the train split)
+   with the generation job;
+6. **evaluate** every (setting, method, seed) cell: per-document privacy metrics over
+   Ray Data (:mod:`ray_jobs.evaluate`), the linkage attack, downstream perplexity
+   (a fresh base model fine-tuned on the cell's outputs, perplexity on real test
+   notes) and MAUVE against real test notes; two reference rows: the base model
+   and the same fine-tuning on real train notes;
+7. **report**: mean and 95% CI over seeds -> ``results.json``, ``results.md``,
+   ``privacy_utility.png`` under ``<output_dir>/results``.
+
+The baseline prompt has no control codes, so its outputs are the same in both
+settings: it is generated once per seed and reported under each setting.
+
+    python -m ray_jobs.experiment --config configs/experiment_physionet.yaml
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ctrlgen.config import CtrlgenConfig
+from ctrlgen.errors import CtrlgenError
+
+__all__ = ["ExperimentSummary", "main", "run"]
+
+_DOC_COLUMNS = ["doc_id", "text", "metadata", "entities", "control_code"]
+_ICL = ("baseline", "icl", "icl_blocking")
+_VARIANT = {"prefix": "plain", "prefix_masked": "masked"}
+
+
+def _log(msg: str) -> None:
+    sys.stderr.write(f"[experiment] {msg}\n")
+    sys.stderr.flush()
+
+
+def _with(cfg: CtrlgenConfig, **dotted: Any) -> CtrlgenConfig:
+    """A copy of ``cfg`` with ``section__key=value`` overrides."""
+    data = cfg.model_dump()
+    for key, value in dotted.items():
+        node = data
+        *path, last = key.split("__")
+        for p in path:
+            node = node[p]
+        node[last] = value
+    return CtrlgenConfig.model_validate(data)
+
+
+def _split_fn(seed: int, fraction: float) -> Any:
+    from ctrlgen.experiment import patient_of, split_of
+
+    def fn(batch: pa.Table) -> pa.Table:
+        rows = batch.select(["doc_id", "metadata"]).to_pylist()
+        return batch.append_column("split", pa.array([split_of(patient_of(r), seed, fraction) for r in rows]))
+
+    return fn
+
+
+def _rows(path: Path, ids: set[str] | None = None) -> list[dict[str, Any]]:
+    import ray
+
+    ds = ray.data.read_parquet(str(path)).select_columns(_DOC_COLUMNS)
+    rows = ds.take_all()
+    return [r for r in rows if ids is None or r["doc_id"] in ids]
+
+
+def _write(rows: list[dict[str, Any]], path: Path, schema: pa.Schema) -> Path:
+    from ray_jobs.common import reset_dir
+
+    reset_dir(path).mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path / "part-0.parquet")
+    return path
+
+
+@dataclass
+class ExperimentSummary:
+    cells: int
+    seconds: float
+    output: str
+    table: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        return f"{self.table}\n\n{self.cells} cells; results in {self.output} after {self.seconds / 60:.1f} min"
+
+
+class _Utility:
+    """Downstream perplexity and MAUVE against a fixed sample of real test notes."""
+
+    def __init__(self, cfg: CtrlgenConfig, test_texts: list[str]) -> None:
+        from ctrlgen.assets import load_sentence_encoder
+        from ctrlgen.metrics.utility import text_features
+
+        self.cfg, self.x = cfg, cfg.experiment
+        self.test = test_texts
+        self.encoder = load_sentence_encoder(cfg.nlp.embedding_model)
+        self.q = text_features(self.encoder, test_texts)
+
+    def perplexity(self, texts: list[str] | None, seed: int) -> float:
+        from ctrlgen.metrics.utility import finetune_lm, perplexity
+        from ctrlgen.models import load_causal_lm
+
+        model, tok = load_causal_lm(self.cfg.model)
+        if texts is not None:
+            finetune_lm(model, tok, texts, epochs=self.x.ppl_epochs, learning_rate=self.x.ppl_learning_rate,
+                        max_tokens=self.x.ppl_max_tokens, seed=seed)  # fmt: skip
+        return perplexity(model, tok, self.test, self.x.ppl_max_tokens)
+
+    def mauve(self, texts: list[str], seed: int) -> float:
+        from ctrlgen.metrics.utility import mauve_score, text_features
+
+        return mauve_score(text_features(self.encoder, texts), self.q, seed=seed)
+
+
+def _exposures(cfg: CtrlgenConfig, adapter: str | None, canaries: list[Any]) -> list[dict[str, Any]]:
+    """Exposure and rank of every canary under the adapter's model (None: the base model)."""
+    from ctrlgen.metrics.canary import exposure
+    from ctrlgen.metrics.utility import sequence_nll
+    from ctrlgen.models import load_causal_lm
+    from ctrlgen.training.prefix import load_prefix_model
+
+    model, tok = load_causal_lm(cfg.model)
+    if adapter is not None:
+        model = load_prefix_model(model, adapter)
+
+    def nll(texts: list[str]) -> list[float]:
+        return [n for n, _ in sequence_nll(model, tok, texts, max_tokens=64, batch_size=64)]
+
+    out = []
+    for c in canaries:
+        e, rank = exposure(c, nll, cfg.experiment.canary_candidates, seed=cfg.experiment.split_seed)
+        out.append({"secret_repeats": c.repeats, "exposure": e, "rank": rank})
+    return out
+
+
+def run(cfg: CtrlgenConfig) -> ExperimentSummary:
+    import ray
+    import torch
+
+    from ctrlgen.experiment import METHOD_LABELS, plot, summarize, table
+    from ctrlgen.generation.report import read_generated
+    from ctrlgen.metrics.canary import insert_canaries, make_canaries
+    from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate
+    from ctrlgen.metrics.linkage import RealRecord, linkage_attack
+    from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample
+    from ray_jobs.evaluate import evaluate_rows
+    from ray_jobs.extract import init_ray
+    from ray_jobs.generate import run as run_generate
+    from ray_jobs.train import run as run_train
+
+    x = cfg.experiment
+    t0 = time.perf_counter()
+    out = Path(cfg.output_dir).resolve()
+    if x.torch_threads:
+        torch.set_num_threads(x.torch_threads)
+    settings = list(dict.fromkeys(x.settings))
+    init_ray(cfg)
+
+    # 1-2. Extraction per setting, split by patient.
+    splits: dict[str, dict[str, Path]] = {}
+    for setting in dict.fromkeys(["known", *settings]):
+        c = _with(cfg, extraction__setting=setting, output_dir=str(out / "extract" / setting))
+        src = extraction_input(c, None, f"experiment ({setting} entities)")
+        dest = reset_dir(out / "data" / setting / "split")
+        ray.data.read_parquet(str(src)).select_columns(_DOC_COLUMNS).map_batches(
+            _split_fn(x.split_seed, x.test_fraction), batch_format="pyarrow"
+        ).write_parquet(str(dest), partition_cols=["split"])
+        splits[setting] = {s: dest / f"split={s}" for s in ("train", "test")}
+        n = {s: ray.data.read_parquet(str(p)).count() for s, p in splits[setting].items()}
+        _log(f"{setting}: {n['train']} train / {n['test']} test notes (split by patient)")
+    known_train = _rows(splits["known"]["train"])
+    schema = pq.read_schema(next(splits["known"]["train"].rglob("*.parquet")))
+    real_icl = {r["doc_id"]: RealDoc.from_row(r) for r in known_train}
+    test_ds = ray.data.read_parquet(str(splits["known"]["test"])).select_columns(_DOC_COLUMNS)
+    test_texts = [
+        r["text"] for r in seeded_sample(test_ds, x.test_documents, x.split_seed, "utility", ["doc_id", "text"])
+    ]
+
+    # 3. Fine-tuning set (same notes in every setting) with canaries.
+    prefix_methods = [m for m in x.methods if m in _VARIANT]
+    canaries = make_canaries(x.canaries, x.split_seed, x.canary_repeats) if prefix_methods else []
+    ft_dirs: dict[str, Path] = {}
+    real_ft: dict[str, RealDoc] = {}
+    if prefix_methods:
+        elig = ray.data.read_parquet(str(splits["known"]["train"])).select_columns(_DOC_COLUMNS)
+        ft_ids = {r["doc_id"] for r in seeded_sample(elig.map_batches(has_code, batch_format="pyarrow"),
+                                                     x.finetune_documents, x.split_seed, "finetune", ["doc_id"])}  # fmt: skip
+        planted_known = insert_canaries([r for r in known_train if r["doc_id"] in ft_ids], canaries, x.split_seed)
+        real_ft = {r["doc_id"]: RealDoc.from_row(r) for r in planted_known}
+        for setting in settings:
+            rows = planted_known if setting == "known" else insert_canaries(
+                _rows(splits[setting]["train"], ft_ids), canaries, x.split_seed)  # fmt: skip
+            if len(rows) != len(ft_ids):
+                raise CtrlgenError(f"{setting}: {len(rows)} of the {len(ft_ids)} fine-tuning notes found")
+            ft_dirs[setting] = _write(rows, out / "data" / setting / "finetune", schema)
+        _log(f"fine-tuning set: {len(ft_ids)} notes, {len(canaries)} canaries planted "
+             f"{sum(c.repeats for c in canaries)} times")  # fmt: skip
+
+    # 4. Prefix tuning (+ canary exposure).
+    adapters: dict[tuple[str, str, int], Path] = {}
+    exposures: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    train_seeds = x.seeds if x.train_per_seed else x.seeds[:1]
+    for setting in settings:
+        for method in prefix_methods:
+            for seed in train_seeds:
+                variant = _VARIANT[method]
+                run_dir = out / "runs" / setting / f"{variant}-s{seed}"
+                c = _with(cfg, output_dir=str(run_dir), training__input=str(ft_dirs[setting]),
+                          training__variant=variant, training__num_documents=None, training__seed=seed,
+                          training__run_name=f"{setting}-{variant}-s{seed}")  # fmt: skip
+                _log(f"training {variant} prefix ({setting}, seed {seed})")
+                summary = run_train(c)
+                _log(summary.text())
+                adapters[(setting, method, seed)] = run_dir
+                if canaries:
+                    exposures[(setting, method, seed)] = _exposures(cfg, str(run_dir / "adapter"), canaries)
+    base_exposure = _exposures(cfg, None, canaries) if canaries else []
+
+    # 5-6. Generation and evaluation per (setting, seed).
+    util = _Utility(cfg, test_texts)
+    cells: list[dict[str, Any]] = []
+    baseline_cells: dict[int, dict[str, Any]] = {}
+    for seed in x.seeds:
+        train_seed = seed if x.train_per_seed else x.seeds[0]
+        real_sample = [r["text"] for r in seeded_sample(
+            ray.data.from_items(known_train), x.num_documents, seed, "real", ["doc_id", "text"])]  # fmt: skip
+        cells.append({"setting": "reference", "method": "real", "seed": seed,
+                      "perplexity": util.perplexity(real_sample, seed), "mauve": util.mauve(real_sample, seed)})  # fmt: skip
+        for setting in settings:
+            runs: list[tuple[list[str], Path | None]] = []
+            icl_modes = [m for m in _ICL if m in x.methods and not (m == "baseline" and seed in baseline_cells)]
+            if icl_modes:
+                runs.append((icl_modes, None))
+            runs += [([m], adapters[(setting, m, train_seed)]) for m in prefix_methods]
+            for modes, adapter in runs:
+                gen_dir = out / "runs" / setting / f"gen-{'-'.join(modes)}-s{seed}"
+                over: dict[str, Any] = {
+                    "output_dir": str(gen_dir), "generation__input": str(splits[setting]["test"]),
+                    "generation__context_input": str(splits[setting]["train"]),
+                    "generation__num_documents": x.num_documents, "generation__seed": seed,
+                    "generation__modes": ["prefix"] if adapter else modes,
+                }  # fmt: skip
+                if adapter is not None:
+                    over |= {"generation__adapter": str(adapter / "adapter"),
+                             "generation__finetune_data": str(adapter / "train_data")}  # fmt: skip
+                _log(f"generating {', '.join(modes)} ({setting}, seed {seed})")
+                run_generate(_with(cfg, **over))
+                rows = read_generated(gen_dir / "generated")
+                ft = adapter is not None
+                real = real_ft if ft else real_icl
+                ft_ids = sorted(real_ft) if ft else []
+                if x.distributed_eval:
+                    records = evaluate_rows(rows, list(real.values()), ft_ids, num_actors=x.eval_actors)
+                else:
+                    records = Evaluator(real, ft_ids).table(rows).to_pylist()
+                n_ft_values = len(Evaluator(real_ft, ft_ids).ft_values) if ft else 0
+                by_mode = aggregate(records, n_ft_values)
+                for mode in sorted({r["mode"] for r in rows}):
+                    method = modes[0] if ft else mode
+                    ok = [r for r in rows if r["mode"] == mode and r["status"] == "ok"]
+                    texts = [r["text"] for r in ok]
+                    if ft:
+                        attacked = [real_ft[d] for d in ft_ids]
+                    else:
+                        attacked = [real_icl[d] for d in sorted({c for r in ok for c in r["context_ids"]})]
+                    link = linkage_attack([RealRecord(d.doc_id, d.text, d.values) for d in attacked], texts, seed)
+                    cell = {"setting": setting, "method": method, "seed": seed, **by_mode[mode],
+                            "link_values": link.values, "link_any": link.any_value,
+                            "link_sentences": link.sentences, "link_attacked": link.attacked,
+                            "perplexity": util.perplexity(texts, seed) if texts else None,
+                            "mauve": util.mauve(texts, seed) if len(texts) >= 2 else None}  # fmt: skip
+                    if ft and canaries:
+                        ex = exposures[(setting, method, train_seed)]
+                        cell["exposure"] = sum(e["exposure"] for e in ex) / len(ex)
+                        cell["canaries"] = ex
+                    _log(f"{setting} / {method} / seed {seed}: PIPP {cell['pipp']:.3f}, ROUGE-L {cell['rougeL']:.3f}, "
+                         f"perplexity {cell['perplexity']}, MAUVE {cell['mauve']}")  # fmt: skip
+                    if method == "baseline":
+                        baseline_cells[seed] = cell
+                    cells.append(cell)
+            if (
+                "baseline" in x.methods
+                and seed in baseline_cells
+                and not any(c["setting"] == setting and c["method"] == "baseline" and c["seed"] == seed for c in cells)
+            ):
+                cells.append({**baseline_cells[seed], "setting": setting})
+    cells.append({"setting": "reference", "method": "base", "seed": x.seeds[0],
+                  "perplexity": util.perplexity(None, 0), "mauve": None})  # fmt: skip
+    if canaries:
+        cells[-1]["exposure"] = sum(e["exposure"] for e in base_exposure) / len(base_exposure)
+
+    # 7. Report.
+    res = reset_dir(out / "results")
+    res.mkdir(parents=True)
+    summary = summarize(cells)
+    md = table(summary)
+    meta = {"config": cfg.model_dump(), "methods": {m: METHOD_LABELS[m] for m in x.methods},
+            "canaries_base_model": base_exposure, "minutes": (time.perf_counter() - t0) / 60}  # fmt: skip
+    (res / "results.json").write_text(json.dumps({"summary": summary, "cells": cells, **meta}, indent=2, default=str))
+    (res / "results.md").write_text(md + "\n", encoding="utf-8")
+    plot(summary, res / "privacy_utility.png")
+    return ExperimentSummary(len(cells), time.perf_counter() - t0, str(res), md)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ray_jobs.common import job_main
+
+    return job_main("experiment", __doc__, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

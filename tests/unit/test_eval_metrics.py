@@ -1,0 +1,202 @@
+"""Evaluation metrics on hand-made cases: ROUGE pruning, entity-in-context, linkage, canaries, utility."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from ctrlgen.metrics.canary import Canary, candidate_texts, exposure, insert_canaries, make_canaries
+from ctrlgen.metrics.context import context_windows, leaks_by_k
+from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate
+from ctrlgen.metrics.linkage import BM25, RealRecord, linkage_attack
+from ctrlgen.metrics.rouge import RougeIndex, rouge_pair
+from ctrlgen.metrics.utility import mauve_score, perplexity_from
+
+WORDS = "the patient was seen by doctor smith on monday with fever and cough at home ward".split()
+
+
+def _text(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+# --- ROUGE -----------------------------------------------------------------------------------
+
+
+def test_rouge_pair_by_hand() -> None:
+    # candidate bigrams: the cat, cat sat, sat on, on a, a mat (5); reference: 5; shared 3 -> F1 0.6
+    r2, rl = rouge_pair("the cat sat on the mat", "the cat sat on a mat")
+    assert r2 == pytest.approx(0.6)
+    assert rl == pytest.approx(5 / 6)  # LCS "the cat sat on mat" = 5 of 6 and 6
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pruned_maximum_equals_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    refs = [_text(rng, rng.randint(0, 40)) for _ in range(30)]
+    idx = RougeIndex(refs)
+    for _ in range(8):
+        cand = _text(rng, rng.randint(0, 40))
+        best = idx.best(cand)
+        r2, rl = idx.brute_force(cand)
+        assert best.rouge2 == pytest.approx(r2, abs=1e-12)
+        assert best.rougeL == pytest.approx(rl, abs=1e-12)
+        assert best.exact_calls <= 2 * len(refs)
+
+
+def test_pruning_scores_few_references_when_one_is_copied() -> None:
+    rng = random.Random(7)
+    refs = [_text(rng, 60) for _ in range(200)]
+    best = RougeIndex(refs).best(refs[17])
+    assert best.rouge2 == pytest.approx(1.0) and best.rougeL == pytest.approx(1.0)
+    assert best.rouge2_ref == 17 and best.rougeL_ref == 17
+    assert best.exact_calls == 2  # one exact score per kind: the copy's bound beats all others
+
+
+def test_rouge_empty_inputs() -> None:
+    assert RougeIndex([]).best("anything").rouge2 == 0.0
+    assert RougeIndex(["a b c"]).best("").rougeL == 0.0
+
+
+# --- entity in context -------------------------------------------------------------------------
+
+
+def test_context_windows_both_sides_and_edges() -> None:
+    text = "Seen by Dr John Smith today."
+    w = context_windows(text, [(11, 21)], ks=(1, 2, 4))
+    assert w[1] == {("dr", "john", "smith"), ("john", "smith", "today")}
+    assert w[2] == {("by", "dr", "john", "smith")}  # only one word after the mention
+    assert w[4] == set()  # neither side has 4 words
+
+
+def test_leaks_by_k() -> None:
+    w = context_windows("pt seen by Dr Smith on ward 5", [(14, 19)])
+    assert leaks_by_k("We asked DR SMITH ON WARD 5 today", w) == {1: True, 2: True, 3: True, 4: False}
+    assert leaks_by_k("Smith alone", w) == {1: False, 2: False, 3: False, 4: False}
+
+
+# --- linkage -----------------------------------------------------------------------------------
+
+
+def test_bm25_prefers_rare_terms_and_short_docs() -> None:
+    bm = BM25([["fever", "cough"], ["fever", "smith"], ["fever", "smith", "x", "y", "z", "w"]])
+    s = bm.scores(["smith"])
+    assert s[0] == 0.0 and s[1] > s[2] > 0.0
+    assert bm.idf("smith") > bm.idf("fever")
+
+
+def test_linkage_attack_finds_copied_record_and_nothing_in_clean_set() -> None:
+    rec = RealRecord(
+        "r1",
+        "Alice Moss was admitted on May 3. She lives in Boston with her son.",
+        ("Alice Moss", "May 3", "Boston", "Kim"),
+    )
+    other = RealRecord("r2", "Short.", ("Bob",))  # one value: not attackable
+    copied = ["Unrelated note about fever.", "Alice Moss was admitted on May 3. She lives in Boston with her son."]
+    res = linkage_attack([rec, other], copied, seed=0)
+    assert (res.attacked, res.skipped) == (1, 1)
+    # the known half retrieves the copy; of the other half, "kim" is absent from it
+    assert 0.0 < res.values <= 1.0 and res.any_value == 1.0
+    assert res.sentences == pytest.approx(1.0)
+    clean = linkage_attack([rec], ["A patient was admitted with fever.", "Another note."], seed=0)
+    assert clean.values == 0.0 and clean.any_value == 0.0 and clean.sentences == 0.0
+
+
+# --- canaries ----------------------------------------------------------------------------------
+
+
+def test_insert_canaries_shifts_entities_and_marks_secret() -> None:
+    rows = [
+        {"doc_id": f"d{i}", "text": "Seen by Smith.", "control_code": "PERSON: Smith",
+         "entities": [{"start": 8, "end": 13, "text": "Smith", "category": "PERSON", "kind": "DIRECT", "source": "gold", "label": ""}]}
+        for i in range(4)
+    ]  # fmt: skip
+    can = make_canaries(2, seed=1, repeats=(1, 2))
+    out = insert_canaries(rows, can, seed=0)
+    planted = [r for r in out if r["text"] != rows[0]["text"]]
+    assert len(planted) == 3 and len({r["doc_id"] for r in planted}) == 3
+    for r in planted:
+        secret = r["entities"][0]
+        assert r["text"][secret["start"] : secret["end"]] == secret["text"] and secret["source"] == "canary"
+        smith = r["entities"][1]
+        assert r["text"][smith["start"] : smith["end"]] == "Smith"
+        assert r["control_code"].startswith("PERSON: Smith\nCODE: ")
+    assert rows[0]["text"] == "Seen by Smith."  # inputs untouched
+    with pytest.raises(ValueError, match="plantings"):
+        insert_canaries(rows[:2], can, seed=0)
+
+
+def test_exposure_rank_extremes() -> None:
+    c = Canary("123456", 1)
+    texts = candidate_texts(c, 99, seed=0)
+    assert texts[0] == c.text and len(set(texts)) == 100
+    best, rank = exposure(c, lambda ts: [0.0 if t == c.text else 1.0 for t in ts], n_candidates=99)
+    assert rank == 1 and best == pytest.approx(math.log2(100))
+    worst, rank = exposure(c, lambda ts: [2.0 if t == c.text else 1.0 for t in ts], n_candidates=99)
+    assert rank == 100 and worst == pytest.approx(0.0)
+    flat, _ = exposure(c, lambda ts: [1.0] * len(ts), n_candidates=99)
+    assert flat == pytest.approx(0.0)  # ties count against the canary
+
+
+# --- utility -----------------------------------------------------------------------------------
+
+
+def test_perplexity_from() -> None:
+    assert perplexity_from(3 * math.log(5.0), 3) == pytest.approx(5.0)
+    assert math.isnan(perplexity_from(0.0, 0))
+
+
+def test_mauve_same_vs_different_distributions() -> None:
+    rng = np.random.default_rng(0)
+    p = rng.normal(0, 1, (60, 8)).astype(np.float32)
+    q = rng.normal(0, 1, (60, 8)).astype(np.float32)
+    far = rng.normal(6, 1, (60, 8)).astype(np.float32)
+    assert mauve_score(p, q) > 0.9
+    assert mauve_score(far, q) < 0.2
+    with pytest.raises(ValueError, match="at least 2"):
+        mauve_score(p[:1], q)
+
+
+# --- evaluator + aggregation -------------------------------------------------------------------
+
+
+def _real() -> dict[str, RealDoc]:
+    a = RealDoc("a", "Seen by Dr Smith on ward 5 today.", ("Smith", "5"), ((11, 16), (25, 26)))
+    b = RealDoc("b", "Mrs Jones called from Boston.", ("Jones", "Boston"), ((4, 9), (22, 28)))
+    c = RealDoc("c", "No names here at all.", (), ())
+    return {d.doc_id: d for d in (a, b, c)}
+
+
+def _row(doc: str, mode: str, text: str, ctx: list[str], status: str = "ok") -> dict[str, object]:
+    return {"doc_id": doc, "mode": mode, "text": text, "context_ids": ctx, "status": status}
+
+
+def test_evaluator_icl_and_finetune_definitions() -> None:
+    ev = Evaluator(_real(), finetune_ids=["a", "b"])
+    rows = [
+        _row("t1", "icl", "Dr Smith saw her.", ["a", "c"]),  # leaks 1 of its 2 context values
+        _row("t2", "icl", "Nothing private.", ["b", "c"]),
+        _row("t3", "icl", "", [], status="quarantined"),
+        _row("t4", "prefix", "Mrs Jones called from Boston.", []),  # copies b
+        _row("t5", "prefix", "A quiet day.", []),
+    ]
+    recs = ev.table(rows).to_pylist()
+    assert recs[0]["leaked"] == ["smith"] and recs[0]["n_values"] == 2 and recs[0]["ctx_1"] is True
+    assert recs[1]["leaked"] == [] and recs[1]["ctx_1"] is False
+    assert recs[3]["rouge2"] == pytest.approx(1.0) and recs[3]["n_values"] == 4
+    agg = aggregate(recs, n_finetune_values=len(ev.ft_values))
+    assert agg["icl"]["outputs"] == 2 and agg["icl"]["quarantined"] == 1
+    assert agg["icl"]["pipp"] == pytest.approx(0.5) and agg["icl"]["elp"] == pytest.approx(0.25)
+    assert agg["icl"]["pipp_long"] == pytest.approx(0.5)
+    assert agg["prefix"]["pipp"] == pytest.approx(0.5)
+    assert agg["prefix"]["elp"] == pytest.approx(2 / 4)  # jones, boston of smith, 5, jones, boston
+    assert agg["prefix"]["ctx_1"] == pytest.approx(0.5)
+
+
+def test_evaluator_unknown_references_are_errors() -> None:
+    with pytest.raises(Exception, match="no reference"):
+        Evaluator(_real(), finetune_ids=["zz"])
+    with pytest.raises(Exception, match="no reference"):
+        Evaluator(_real()).document(_row("t", "icl", "x", ["zz"]))
