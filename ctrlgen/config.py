@@ -392,6 +392,7 @@ class RayConfig(_Model):
     include_dashboard: bool = Field(False, description="Start the dashboard with a local cluster.")
 
 
+EntitySetting = Literal["known", "unknown"]
 ExperimentMethod = Literal["baseline", "icl", "icl_blocking", "prefix", "prefix_masked"]
 
 
@@ -403,8 +404,8 @@ class ExperimentConfig(_Model):
         description="baseline, icl, icl_blocking (ICL generation modes); prefix (prefix tuning, plain "
         "L_LM) and prefix_masked (prefix tuning with the privacy-masked loss).",
     )
-    settings: list[Literal["known", "unknown"]] = Field(
-        default_factory=lambda: ["known", "unknown"],
+    settings: list[EntitySetting] = Field(
+        default_factory=lambda: list[EntitySetting](["known", "unknown"]),
         description="Entity settings: gold entities (known) or Presidio's (unknown). Leakage is always "
         "measured against the gold entities.",
     )

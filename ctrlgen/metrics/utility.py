@@ -116,7 +116,7 @@ def finetune_lm(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
     model.eval()
     return losses
 

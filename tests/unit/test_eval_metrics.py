@@ -12,7 +12,7 @@ from ctrlgen.metrics.canary import Canary, candidate_texts, exposure, insert_can
 from ctrlgen.metrics.context import context_windows, leaks_by_k
 from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate
 from ctrlgen.metrics.linkage import BM25, RealRecord, linkage_attack
-from ctrlgen.metrics.rouge import RougeIndex, rouge_pair
+from ctrlgen.metrics.rouge import RougeIndex, lcs_length, rouge_pair, tokenize
 from ctrlgen.metrics.utility import mauve_score, perplexity_from
 
 WORDS = "the patient was seen by doctor smith on monday with fever and cough at home ward".split()
@@ -52,7 +52,18 @@ def test_pruning_scores_few_references_when_one_is_copied() -> None:
     best = RougeIndex(refs).best(refs[17])
     assert best.rouge2 == pytest.approx(1.0) and best.rougeL == pytest.approx(1.0)
     assert best.rouge2_ref == 17 and best.rougeL_ref == 17
-    assert best.exact_calls == 2  # one exact score per kind: the copy's bound beats all others
+    assert best.exact_calls == 1  # one exact LCS: the copy's score reaches every other bound
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bit_parallel_lcs_gives_rouge_scores_f1(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(200):
+        a, b = _text(rng, rng.randint(1, 60)), _text(rng, rng.randint(1, 60))
+        ta, tb = tokenize(a), tokenize(b)
+        f1 = 2 * lcs_length(ta, tb) / (len(ta) + len(tb))
+        assert f1 == pytest.approx(rouge_pair(a, b)[1], abs=1e-12)
+    assert lcs_length([], ["a"]) == 0 and lcs_length(list("abcbdab"), list("bdcaba")) == 4
 
 
 def test_rouge_empty_inputs() -> None:

@@ -1,0 +1,72 @@
+"""Torch utility metrics on a tiny model, and the experiment's split / statistics / table / plot."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ctrlgen.experiment import mean_ci, patient_of, plot, split_of, summarize, table
+from ctrlgen.metrics.utility import finetune_lm, perplexity, sequence_nll
+from ctrlgen.models import tiny_llama
+
+TEXTS = ["the patient was seen today", "fever and cough at home", "discharged in good condition"]
+
+
+def test_sequence_nll_matches_the_model_loss() -> None:
+    model, tok = tiny_llama(seed=0)
+    per = sequence_nll(model, tok, TEXTS, batch_size=2)  # padded batches
+    for text, (nll, n) in zip(TEXTS, per, strict=True):
+        ids = tok(text, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            loss = model(input_ids=ids, labels=ids).loss
+        assert n == ids.shape[1] - 1
+        assert nll / n == pytest.approx(float(loss), rel=1e-4)
+
+
+def test_finetuning_lowers_perplexity_on_its_texts() -> None:
+    model, tok = tiny_llama(seed=0)
+    before = perplexity(model, tok, TEXTS)
+    losses = finetune_lm(model, tok, TEXTS * 4, epochs=3, learning_rate=1e-2, batch_size=4, seed=0)
+    after = perplexity(model, tok, TEXTS)
+    assert len(losses) == 9 and after < 0.5 * before
+    with pytest.raises(ValueError, match="no non-empty"):
+        finetune_lm(model, tok, ["", "  "])
+
+
+def test_mean_ci_student_t() -> None:
+    m, h = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and h == pytest.approx(4.303 * 1.0 / math.sqrt(3))
+    assert math.isnan(mean_ci([5.0])[1]) and mean_ci([5.0])[0] == 5.0
+    assert mean_ci([2.0, 2.0])[1] == 0.0
+
+
+def test_split_keeps_patients_together_and_is_seeded() -> None:
+    rows = [{"doc_id": f"{p}-{n}", "metadata": f'{{"patient": "{p}"}}'} for p in range(200) for n in range(3)]
+    by_patient: dict[str, set[str]] = {}
+    for r in rows:
+        by_patient.setdefault(patient_of(r), set()).add(split_of(patient_of(r), 0, 0.2))
+    assert all(len(s) == 1 for s in by_patient.values())
+    test = sum(s == {"test"} for s in by_patient.values())
+    assert 20 <= test <= 60  # about 20% of 200 patients
+    assert patient_of({"doc_id": "x", "metadata": "{}"}) == "x"
+    other = {p for p in by_patient if split_of(p, 1, 0.2) == "test"}
+    assert other != {p for p, s in by_patient.items() if s == {"test"}}
+
+
+def test_summarize_table_and_plot(tmp_path) -> None:
+    cells = [
+        {"setting": "known", "method": "icl", "seed": s, "pipp": p, "perplexity": 20.0 + s, "mauve": 0.5}
+        for s, p in enumerate([0.1, 0.2, 0.3])
+    ] + [{"setting": "known", "method": "baseline", "seed": 0, "pipp": 0.5, "perplexity": 19.0, "mauve": None}]
+    summary = summarize(cells)
+    assert [r["method"] for r in summary] == ["baseline", "icl"]  # METHOD.md order
+    icl = summary[1]
+    assert icl["pipp"]["mean"] == pytest.approx(0.2) and icl["pipp"]["n"] == 3
+    assert "mauve" not in summary[0]
+    md = table(summary)
+    assert "| known | ICL | 20.0 ± 24.8 |" in md  # percent, t-interval over 3 seeds
+    assert "| known | Baseline (ICL, no codes) | 50.0 |" in md  # one seed: no interval
+    plot(summary, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
