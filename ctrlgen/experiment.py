@@ -140,6 +140,9 @@ def plot(summary: Sequence[Mapping[str, Any]], path: str | Path) -> None:
     for ax, (key, label) in zip(axes, (("perplexity", "downstream perplexity (lower = more useful)"),
                                        ("mauve", "MAUVE (higher = closer to real)")), strict=True):  # fmt: skip
         for r in summary:
+            if r["setting"] == "reference" and key in r:  # real notes / base model: utility without privacy
+                ax.axhline(r[key]["mean"], color="grey", ls="--" if r["method"] == "real" else ":", lw=1,
+                           label=METHOD_LABELS.get(r["method"], r["method"]))  # fmt: skip
             if "pipp" not in r or key not in r:
                 continue
             x, y = r["pipp"], r[key]
@@ -151,6 +154,7 @@ def plot(summary: Sequence[Mapping[str, Any]], path: str | Path) -> None:
                 label=f"{METHOD_LABELS.get(r['method'], r['method'])} ({r['setting']})",
             )  # fmt: skip
         ax.set_xlabel("PIPP % (lower = more private)")
+        ax.set_xlim(left=-5)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
