@@ -82,7 +82,7 @@ def _rows(path: Path, ids: set[str] | None = None) -> list[dict[str, Any]]:
     import ray
 
     ds = ray.data.read_parquet(str(path)).select_columns(_DOC_COLUMNS)
-    rows = ds.take_all()
+    rows = sorted(ds.take_all(), key=lambda r: str(r["doc_id"]))  # not the order of Ray's file names
     return [r for r in rows if ids is None or r["doc_id"] in ids]
 
 

@@ -40,7 +40,12 @@ class ModeLeakage:
 
 
 def read_generated(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a generation output directory (Parquet partitioned by ``mode=...``)."""
+    """Rows of a generation output directory (Parquet partitioned by ``mode=...``), sorted by (mode, doc_id).
+
+    The order does not depend on the writer's file names (Ray names files by task),
+    so order-sensitive consumers (downstream fine-tuning, MAUVE's clustering, BM25
+    ties) see the same sequence in every run.
+    """
     import pyarrow.dataset as pads
 
     root = Path(path)
@@ -48,7 +53,7 @@ def read_generated(path: str | Path) -> list[dict[str, Any]]:
     if not files:
         raise CtrlgenError(f"{root} holds no generated Parquet files (run `ctrlgen generate` first)")
     ds = pads.dataset(files, format="parquet", partitioning="hive", partition_base_dir=str(root))
-    return ds.to_table().to_pylist()
+    return sorted(ds.to_table().to_pylist(), key=lambda r: (str(r["mode"]), str(r["doc_id"])))
 
 
 def finetune_values(path: str | Path) -> list[str]:

@@ -87,3 +87,20 @@ def test_prefix_mode_uses_the_fine_tuning_definitions(tmp_path, capsys) -> None:
     )
     assert main(["leakage", f"output_dir={tmp_path}"]) == 0
     assert "| prefix | 3 | 0 | 66.67 | 50.00 |" in capsys.readouterr().out
+
+
+def test_read_generated_order_does_not_depend_on_file_names(tmp_path) -> None:
+    from ctrlgen.generation.report import read_generated
+
+    rows = [{**_row("icl", "t", [], []), "doc_id": f"d{i}"} for i in (3, 1, 0, 2)]
+    rows.append({**_row("baseline", "t", [], []), "doc_id": "d0"})
+    orders = []
+    for name, first in (("a", rows[2:]), ("b", rows[:2])):
+        d = tmp_path / name
+        for j, part in enumerate((first, [r for r in rows if r not in first])):
+            for mode in {r["mode"] for r in part}:
+                (d / f"mode={mode}").mkdir(parents=True, exist_ok=True)
+                sub = [{k: v for k, v in r.items() if k != "mode"} for r in part if r["mode"] == mode]
+                pq.write_table(pa.Table.from_pylist(sub), d / f"mode={mode}" / f"{j}-{name}.parquet")
+        orders.append([(r["mode"], r["doc_id"]) for r in read_generated(d)])
+    assert orders[0] == orders[1] == sorted(orders[0])
