@@ -3,7 +3,7 @@
 Each actor builds the :class:`~ctrlgen.metrics.evaluate.Evaluator` once (the
 fine-tuning set's ROUGE index and entity windows included) and scores its blocks
 of generated rows with :meth:`Evaluator.document`; the driver collects the
-per-document records and aggregates them with the same
+per-document records, restores the input order and aggregates them with the same
 :func:`~ctrlgen.metrics.evaluate.aggregate` as the local path, so both give the
 same numbers (tested). Counts balance: records out = generated rows in, or the job
 fails naming both counts.
@@ -22,18 +22,18 @@ from ctrlgen.metrics.evaluate import Evaluator, RealDoc
 __all__ = ["EvalActor", "evaluate_rows"]
 
 _IN = ["doc_id", "mode", "text", "context_ids", "status"]
+_INDEX = "_i"  # the row's input position, carried through (blocks come back in any order)
 
 
 class EvalActor:
     """Callable class for ``map_batches``: references indexed once, then one record per row."""
 
-    def __init__(self, real: list[dict[str, Any]], finetune_ids: list[str]) -> None:
-        docs = {d["doc_id"]: RealDoc(d["doc_id"], d["text"], tuple(d["values"]), tuple(map(tuple, d["spans"])))
-                for d in real}  # fmt: skip
-        self.evaluator = Evaluator(docs, finetune_ids)
+    def __init__(self, real: list[RealDoc], finetune_ids: list[str]) -> None:
+        self.evaluator = Evaluator({d.doc_id: d for d in real}, finetune_ids)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return self.evaluator.table(batch.to_pylist())
+        records = self.evaluator.table(batch.drop_columns([_INDEX]).to_pylist())
+        return records.append_column(_INDEX, batch.column(_INDEX))
 
 
 def evaluate_rows(
@@ -49,27 +49,21 @@ def evaluate_rows(
     if not rows:
         return []
     table = pa.Table.from_pylist([{c: r.get(c) for c in _IN} for r in rows])
-    table = table.append_column("_i", pa.array(range(len(rows)), pa.int64()))
-    refs = [{"doc_id": d.doc_id, "text": d.text, "values": list(d.values), "spans": [list(s) for s in d.spans]}
-            for d in real]  # fmt: skip
-    ds = ray.data.from_arrow(table).repartition(target_num_rows_per_block=block_rows)
-    out = ds.map_batches(
-        _WithIndex,
-        fn_constructor_kwargs={"real": refs, "finetune_ids": list(finetune_ids)},
-        batch_size=block_rows,
-        batch_format="pyarrow",
-        num_cpus=0.5,
-        compute=ray.data.ActorPoolStrategy(size=num_actors),
-    ).take_all()
+    table = table.append_column(_INDEX, pa.array(range(len(rows)), pa.int64()))
+    out = (
+        ray.data.from_arrow(table)
+        .repartition(target_num_rows_per_block=block_rows)
+        .map_batches(
+            EvalActor,
+            fn_constructor_kwargs={"real": list(real), "finetune_ids": list(finetune_ids)},
+            batch_size=block_rows,
+            batch_format="pyarrow",
+            num_cpus=0.5,
+            compute=ray.data.ActorPoolStrategy(size=num_actors),
+        )
+        .take_all()
+    )
     if len(out) != len(rows):
         raise CtrlgenError(f"evaluation returned {len(out)} records for {len(rows)} generated rows")
-    out.sort(key=lambda r: r["_i"])
-    return [{k: v for k, v in r.items() if k != "_i"} for r in out]
-
-
-class _WithIndex(EvalActor):
-    """EvalActor that carries the row index through (records come back in any order)."""
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        idx = batch.column("_i")
-        return self.evaluator.table(batch.drop_columns(["_i"]).to_pylist()).append_column("_i", idx)
+    out.sort(key=lambda r: r[_INDEX])
+    return [{k: v for k, v in r.items() if k != _INDEX} for r in out]

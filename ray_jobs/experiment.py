@@ -237,7 +237,9 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                 if canaries:
                     exposures[(setting, method, seed)] = _exposures(cfg, str(run_dir / "adapter"), canaries)
     base_exposure = _exposures(cfg, None, canaries) if canaries else []
-    n_ft_values = len(Evaluator(real_ft, sorted(real_ft)).ft_values) if real_ft else 0
+    # The local path's evaluators (built once; the Ray path builds the same per actor).
+    evaluators = {False: Evaluator(real_icl), True: Evaluator(real_ft, sorted(real_ft))}
+    n_ft_values = len(evaluators[True].ft_values)
 
     # 5-6. Generation and evaluation per (setting, seed).
     util = _Utility(cfg, test_texts)
@@ -275,7 +277,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                 if x.distributed_eval:
                     records = evaluate_rows(rows, list(real.values()), ft_ids, num_actors=x.eval_actors)
                 else:
-                    records = Evaluator(real, ft_ids).table(rows).to_pylist()
+                    records = evaluators[ft].table(rows).to_pylist()
                 by_mode = aggregate(records, n_ft_values if ft else 0)
                 for mode in sorted({r["mode"] for r in rows}):
                     method = modes[0] if ft else mode

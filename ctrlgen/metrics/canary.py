@@ -74,12 +74,12 @@ def insert_canaries(rows: Sequence[dict[str, Any]], canaries: Sequence[Canary], 
     order = sorted(range(len(rows)), key=lambda i: str(rows[i]["doc_id"]))
     random.Random(f"hosts\x1f{seed}").shuffle(order)
     out = [dict(r) for r in rows]
+    start = len(TEMPLATE.split("{}")[0])  # where the secret sits in the planted sentence
     for canary, i in zip(plantings, order, strict=False):
         r = out[i]
         head = canary.text + " "
         shift = len(head)
         ents = [Entity(**e) if isinstance(e, dict) else e for e in (r.get("entities") or [])]
-        start = len(TEMPLATE.split("{}")[0])
         moved = [Entity(e.start + shift, e.end + shift, e.text, e.category, e.kind, e.source, e.label) for e in ents]
         planted = Entity(start, start + len(canary.secret), canary.secret, "CODE", "DIRECT", "canary", "Canary")
         ents = [planted, *moved]

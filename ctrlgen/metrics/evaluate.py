@@ -27,14 +27,13 @@ from typing import Any
 import pyarrow as pa
 
 from ctrlgen.errors import CtrlgenError
+from ctrlgen.generation.report import FINETUNE_MODES
 from ctrlgen.metrics.context import KS, context_windows, leaks_by_k, merge_windows
 from ctrlgen.metrics.leakage import leaked_values, normalize_value, value_matcher
 from ctrlgen.metrics.rouge import RougeIndex
 
-__all__ = ["FINETUNE_MODES", "LONG_VALUE", "RECORD_SCHEMA", "Evaluator", "RealDoc", "aggregate"]
+__all__ = ["LONG_VALUE", "RECORD_SCHEMA", "Evaluator", "RealDoc", "aggregate"]
 
-#: Modes measured against the whole fine-tuning set.
-FINETUNE_MODES = ("prefix",)
 #: PIPP is also reported over values of at least this many characters (initials and
 #: one-digit values reappear by chance).
 LONG_VALUE = 4
@@ -52,6 +51,10 @@ RECORD_SCHEMA = pa.schema(
         pa.field("exact_calls", pa.int32()),
     ]
 )
+
+
+#: A reference set: its ROUGE index, entity windows and normalised private values.
+_Refs = tuple[RougeIndex, dict[int, set[tuple[str, ...]]], list[str]]
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class Evaluator:
         self._ft_windows: dict[int, set[tuple[str, ...]]] | None = None
         self._ft_matcher = value_matcher(self.ft_values)
         self._windows: dict[str, dict[int, set[tuple[str, ...]]]] = {}
+        self._contexts: dict[tuple[str, ...], _Refs] = {}  # the modes of one target share its contexts
 
     def _doc_windows(self, d: RealDoc) -> dict[int, set[tuple[str, ...]]]:
         if d.doc_id not in self._windows:
@@ -99,6 +103,20 @@ class Evaluator:
             self._ft_windows = merge_windows(self._doc_windows(d) for d in self.ft_docs)
         return self._ft_index, self._ft_windows
 
+    def _context_refs(self, doc_id: str, context_ids: Sequence[str]) -> _Refs:
+        key = tuple(context_ids)
+        if key not in self._contexts:
+            missing = [c for c in key if c not in self.real]
+            if missing:
+                raise CtrlgenError(f"context document {missing[0]} of output {doc_id} has no reference")
+            ctx = [self.real[c] for c in key]
+            self._contexts[key] = (
+                RougeIndex([d.text for d in ctx]),
+                merge_windows(self._doc_windows(d) for d in ctx),
+                sorted({normalize_value(v) for d in ctx for v in d.values if v.strip()}),
+            )
+        return self._contexts[key]
+
     def document(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """One generated row (``GENERATED_SCHEMA`` columns) -> one record (``RECORD_SCHEMA``)."""
         rec: dict[str, Any] = {"doc_id": str(row["doc_id"]), "mode": row["mode"], "status": row["status"]}
@@ -111,14 +129,7 @@ class Evaluator:
             values: Sequence[str] = self.ft_values
             leaked = leaked_values(text, values, self._ft_matcher)
         else:
-            ctx = []
-            for c in row["context_ids"]:
-                if c not in self.real:
-                    raise CtrlgenError(f"context document {c} of output {rec['doc_id']} has no reference")
-                ctx.append(self.real[c])
-            index = RougeIndex([d.text for d in ctx])
-            windows = merge_windows(self._doc_windows(d) for d in ctx)
-            values = sorted({normalize_value(v) for d in ctx for v in d.values if v.strip()})
+            index, windows, values = self._context_refs(rec["doc_id"], row["context_ids"])
             leaked = leaked_values(text, values)
         best = index.best(text)
         by_k = leaks_by_k(text, windows) if windows else {}

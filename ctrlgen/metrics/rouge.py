@@ -33,36 +33,39 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 __all__ = ["RougeBest", "RougeIndex", "lcs_length", "rouge_pair", "tokenize"]
 
 
-def _scorer(kind: str) -> object:
+@functools.cache
+def _scorer(kind: str) -> Any:
     from rouge_score import rouge_scorer
 
     return rouge_scorer.RougeScorer([kind], use_stemmer=False)
 
 
-_SCORERS: dict[str, object] = {}
-
-
 def _score(kind: str, reference: str, candidate: str) -> float:
-    if kind not in _SCORERS:
-        _SCORERS[kind] = _scorer(kind)
-    return float(_SCORERS[kind].score(reference, candidate)[kind].fmeasure)  # type: ignore[attr-defined]
+    return float(_scorer(kind).score(reference, candidate)[kind].fmeasure)
+
+
+@functools.cache
+def _tokenizer() -> Any:
+    from rouge_score import tokenizers
+
+    return tokenizers.DefaultTokenizer(use_stemmer=False)
 
 
 def tokenize(text: str) -> list[str]:
     """rouge_score's default tokens (what the F1 counts)."""
-    from rouge_score import tokenizers
-
-    return list(tokenizers.DefaultTokenizer(use_stemmer=False).tokenize(text))
+    return list(_tokenizer().tokenize(text))
 
 
 def rouge_pair(reference: str, candidate: str) -> tuple[float, float]:
