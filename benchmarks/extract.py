@@ -69,10 +69,15 @@ def _rows(table: pa.Table) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
-def _loop(notes_dir: Path, extractor: Any, out: Path, corpus: MimicCorpusConfig) -> float:
-    """Single process: read the shards, run extract_rows per batch, write Parquet. Seconds."""
+def _loop(notes_dir: Path, make_extractor: Any, out: Path, corpus: MimicCorpusConfig) -> float:
+    """Single process: build the extractor, read the shards, run extract_rows per batch, write Parquet.
+
+    Seconds, including the extractor's construction (Presidio loads spaCy): the job's time
+    includes its actors' construction too.
+    """
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    extractor = make_extractor()
     n = 0
     for f in sorted(notes_dir.glob("*.parquet")):
         for batch in pq.ParquetFile(f).iter_batches(batch_size=512):
@@ -243,7 +248,12 @@ def main() -> None:
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, configure_logging=False, log_to_driver=False)
     corpus = MimicCorpusConfig(path=str(demo_small), identifiers="direct+quasi")
-    t_loop_p = _loop(demo_small, ours, cache / "loop-p", corpus)
+    t_loop_p = _loop(
+        demo_small,
+        lambda: PresidioExtractor(ExtractionConfig(setting="unknown"), SPACY, "direct+quasi"),
+        cache / "loop-p",
+        corpus,
+    )
     log(f"[2] Presidio loop, {args.presidio_notes:,} notes: {t_loop_p:.0f} s")
     common = [
         "corpus.format=mimic",
@@ -274,7 +284,7 @@ def main() -> None:
         ),
         progress=True,
     )
-    t_loop_k = _loop(demo_big, KnownExtractor(), cache / "loop-k", corpus.model_copy(update={"path": str(demo_big)}))
+    t_loop_k = _loop(demo_big, KnownExtractor, cache / "loop-k", corpus.model_copy(update={"path": str(demo_big)}))
     log(f"[2] placeholder loop, {args.placeholder_notes:,} notes: {t_loop_k:.0f} s")
     t_job_k, s = _job(
         [
@@ -336,8 +346,9 @@ def main() -> None:
         f"**{eff_p:.2f}** (target 0.85) | **{scale:.2f}x** (target 1.7x) |",
         f"| placeholders (known) | {args.placeholder_notes:,} | {t_loop_k:.0f} | {t_job_k:.0f} | - | **{eff_k:.2f}** (target 0.85) | - |",
         "",
-        "Per-core efficiency = loop seconds / (2 actors x job seconds); the job's time includes reading, actor start "
-        "(Presidio loads once per actor) and writing, as the loop's does.",
+        "Per-core efficiency = loop seconds / (2 actors x job seconds). The loop builds the extractor, reads the "
+        "shards, extracts and writes Parquet in one process; the job's time includes the same reading, extractor "
+        "construction (Presidio loads once per actor) and writing.",
         "",
         "### 4. Memory (the job streams)",
         "",
