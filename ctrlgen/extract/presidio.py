@@ -103,7 +103,8 @@ def _no_context_enhancer() -> Any:
     Presidio's default (lemma-based) enhancer raises scores of results with context
     words nearby; ctrlgen's recognizers write their context into the patterns, spaCy's
     NER results carry none, and without a lemmatizer it has nothing to match: on this
-    path it only copied every result list (about 10% of the analyzer's time).
+    path it only deep-copied every result list (same entities without it, checked on the
+    1,818 PhysioNet notes).
     """
     from presidio_analyzer.context_aware_enhancers import ContextAwareEnhancer
 
