@@ -129,3 +129,17 @@ def test_physionet_unknown_setting_reaches_useful_recall(presidio, shared):
     pred = {d.doc_id: [(e.start, e.end) for e in d.entities] for d in out}
     hit = sum(any(s < ge and gs < e for s, e in pred[doc]) for doc, gs, ge in gold)
     assert hit / len(gold) > 0.6
+
+
+def test_ner_only_path_skips_presidio_context_step_without_changing_entities(presidio, shared):
+    """The no-op context enhancer (no lemmas, no context words) gives Presidio's lemma enhancer's entities."""
+    from presidio_analyzer.context_aware_enhancers import LemmaContextAwareEnhancer
+
+    docs, _, _ = load_corpus(
+        PhysionetCorpusConfig(path=str(shared / "physionet-deid"), identifiers="direct+quasi", limit=120)
+    )
+    assert not isinstance(presidio._analyzer.context_aware_enhancer, LemmaContextAwareEnhancer)
+    with_lemma_step = PresidioExtractor(ExtractionConfig(setting="unknown"), identifiers="direct+quasi")
+    with_lemma_step._analyzer.context_aware_enhancer = LemmaContextAwareEnhancer()
+    texts = [d.text for d in docs]
+    assert presidio.extract_texts(texts) == with_lemma_step.extract_texts(texts)
