@@ -118,10 +118,10 @@ def _no_context_enhancer() -> Any:
     return _NoContextEnhancer()
 
 
-def _nlp_engine(spacy_model: str, disable: Sequence[str]) -> Any:
+def _nlp_engine(spacy_model: str, disable: Sequence[str], ner_only: bool) -> Any:
     from presidio_analyzer.nlp_engine import NerModelConfiguration, SpacyNlpEngine
 
-    cls = _fast_engine_class() if "lemmatizer" in disable else SpacyNlpEngine
+    cls = _fast_engine_class() if ner_only else SpacyNlpEngine
     engine = cls(
         models=[{"lang_code": "en", "model_name": spacy_model}],
         ner_model_configuration=NerModelConfiguration(
@@ -206,7 +206,9 @@ class PresidioExtractor:
 
         self.cfg = cfg
         t0 = time.perf_counter()
-        self._engine = _nlp_engine(spacy_model, cfg.spacy_disable)
+        # Without the lemmatizer, lemmas and Presidio's lemma-based context step have nothing to work on.
+        ner_only = "lemmatizer" in cfg.spacy_disable
+        self._engine = _nlp_engine(spacy_model, cfg.spacy_disable, ner_only)
         registry = RecognizerRegistry(supported_languages=["en"])
         wanted = list(cfg.recognizers)
         for name in wanted:
@@ -231,7 +233,6 @@ class PresidioExtractor:
             else:
                 known = ["SpacyRecognizer", "MimicPlaceholderRecognizer", *PATTERN_RECOGNIZERS]
                 raise AssetError(f"unknown recognizer {name!r} in extraction.recognizers; known: {known}")
-        ner_only = "lemmatizer" in cfg.spacy_disable
         self._analyzer = AnalyzerEngine(
             registry=registry,
             nlp_engine=self._engine,
