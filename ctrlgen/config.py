@@ -216,8 +216,9 @@ class ExtractionConfig(_Model):
     rows_per_block: int | None = Field(
         None,
         ge=1,
-        description="Rows per Ray Data block fed to the actors; default batch_size for the unknown "
-        "setting, 20 x batch_size for the (cheap) known setting.",
+        description="Rows per Ray Data block fed to the actors (at most: Parquet input is cut into at "
+        "least 4 blocks per actor); default batch_size for the unknown "
+        "setting, 50 x batch_size for the (cheap) known setting.",
     )
     rows_per_file: int = Field(20_000, ge=1, description="Rows the writer gathers per output Parquet file.")
 

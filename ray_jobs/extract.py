@@ -92,8 +92,38 @@ def init_ray(cfg: CtrlgenConfig) -> None:
         ray.init(address=cfg.ray.address)
 
 
-def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined]) -> tuple[Any, str]:
-    """The input as a Ray dataset, and what its rows are (noteevents | documents)."""
+def _read_parquet(paths: list[str], rows_per_block: int, min_blocks: int) -> Any:
+    """Local Parquet shards as a Ray dataset in blocks of at most about ``rows_per_block``
+    rows, and at least ``min_blocks`` blocks (when there are enough rows).
+
+    The row count comes from the shards' footers (read here, on the driver), so the read
+    tasks themselves cut the blocks: no separate repartition step. Ray 2.60's default (V2)
+    Parquet reader would read those footers on a pool of ``FooterReader`` actors, up to 32
+    new worker processes per read at about a CPU-second each to start, all before the first
+    row reaches an extractor: the documented V1 switch of the ``DataContext`` reads local
+    shards without them.
+    """
+    import pyarrow.parquet as pq
+    import ray
+
+    rows = 0
+    for p in paths:
+        try:
+            rows += pq.ParquetFile(p).metadata.num_rows
+        except (OSError, pa.ArrowException) as exc:
+            raise CtrlgenError(f"{p}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    ctx = ray.data.DataContext.get_current()
+    v2, ctx.use_datasource_v2 = ctx.use_datasource_v2, False
+    try:
+        blocks = min(max(-(-rows // rows_per_block), min_blocks), max(rows, 1))
+        return ray.data.read_parquet(paths, override_num_blocks=blocks)
+    finally:
+        ctx.use_datasource_v2 = v2
+
+
+def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined], rows_per_block: int) -> tuple[Any, str, bool]:
+    """The input as a Ray dataset, what its rows are (noteevents | documents), and whether
+    its blocks already hold about ``rows_per_block`` rows."""
     import ray
 
     corpus = cfg.corpus
@@ -111,17 +141,22 @@ def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined]) -> tuple[
                 kind = "documents"
             else:
                 kind = "noteevents"
-            return ray.data.read_parquet(parquet), kind
+            # Several blocks per actor, so that all of them get work and finish close together.
+            return _read_parquet(parquet, rows_per_block, 4 * cfg.extraction.num_actors), kind, True
         import pyarrow.csv as pacsv
 
         from ctrlgen.corpora._common import open_csv_as_bytes
 
         names, _ = open_csv_as_bytes(Path(csvs[0]))
-        return ray.data.read_csv(
-            csvs,
-            parse_options=pacsv.ParseOptions(newlines_in_values=True),
-            convert_options=pacsv.ConvertOptions(column_types={n: pa.binary() for n in names}),
-        ), "noteevents"
+        return (
+            ray.data.read_csv(
+                csvs,
+                parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                convert_options=pacsv.ConvertOptions(column_types={n: pa.binary() for n in names}),
+            ),
+            "noteevents",
+            False,
+        )
     docs: list[dict[str, Any]] = []
     for rec in read_corpus(corpus):
         if isinstance(rec, Document):
@@ -129,7 +164,7 @@ def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined]) -> tuple[
         else:
             driver_quarantine.append(rec)
     table = pa.Table.from_pylist(docs, schema=DOCUMENT_SCHEMA)
-    return ray.data.from_arrow(table), "documents"
+    return ray.data.from_arrow(table), "documents", False
 
 
 def _count(out: Path, driver_quarantine: list[Quarantined]) -> tuple[int, int, Counter[str]]:
@@ -137,18 +172,22 @@ def _count(out: Path, driver_quarantine: list[Quarantined]) -> tuple[int, int, C
     cats: Counter[str] = Counter()
     ok_dir, bad_dir = out / "status=ok", out / "status=quarantined"
     if ok_dir.is_dir():
-        ds = pads.dataset(str(ok_dir), format="parquet")
-        for batch in ds.to_batches(columns=["entities"]):
-            ok += batch.num_rows
-            flat = pc.list_flatten(batch.column("entities"))
-            cats.update(flat.field("category").to_pylist())
+        import pyarrow.parquet as pq
+
+        for f in sorted(ok_dir.glob("*.parquet")):
+            # Only the entities' category leaf column is read.
+            table = pq.ParquetFile(f).read(columns=["entities.list.element.category"])
+            ok += table.num_rows
+            for chunk in table.column("entities").chunks:
+                for v in pc.value_counts(pc.list_flatten(chunk).field("category")):
+                    cats[v["values"].as_py()] += v["counts"].as_py()
     if bad_dir.is_dir():
         quarantined = pads.dataset(str(bad_dir), format="parquet").count_rows()
     return ok, quarantined + len(driver_quarantine), cats
 
 
 def _default_rows_per_block(cfg: CtrlgenConfig) -> int:
-    return cfg.extraction.batch_size * (1 if cfg.extraction.setting == "unknown" else 20)
+    return cfg.extraction.batch_size * (1 if cfg.extraction.setting == "unknown" else 50)
 
 
 def run(cfg: CtrlgenConfig) -> ExtractSummary:
@@ -161,13 +200,15 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
     init_ray(cfg)
     t0 = time.perf_counter()
     driver_quarantine: list[Quarantined] = []
-    ds, input_kind = _dataset(cfg, driver_quarantine)
     ex = cfg.extraction
-    # Ray 2.60's file reader can hand a whole small corpus over as one block, which only one
-    # actor would get: stream it into bounded blocks (no shuffle, no barrier). Presidio blocks
-    # are one batch (seconds of work each); cheap placeholder blocks are larger, or Ray's
-    # per-block overhead would dominate.
-    ds = ds.repartition(target_num_rows_per_block=ex.rows_per_block or _default_rows_per_block(cfg))
+    # Presidio blocks are one batch (seconds of work each), so that both actors get work and
+    # finish together; cheap placeholder blocks are larger, or Ray's per-block cost dominates.
+    rows_per_block = ex.rows_per_block or _default_rows_per_block(cfg)
+    ds, input_kind, sized = _dataset(cfg, driver_quarantine, rows_per_block)
+    if not sized:
+        # CSV and driver-read corpora can arrive as one block, which only one actor would
+        # get: stream them into bounded blocks (no shuffle, no barrier).
+        ds = ds.repartition(target_num_rows_per_block=rows_per_block)
     out_ds = ds.map_batches(
         ExtractActor,
         fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "input_kind": input_kind},

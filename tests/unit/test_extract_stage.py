@@ -143,3 +143,22 @@ def test_ner_only_path_skips_presidio_context_step_without_changing_entities(pre
     with_lemma_step._analyzer.context_aware_enhancer = LemmaContextAwareEnhancer()
     texts = [d.text for d in docs]
     assert presidio.extract_texts(texts) == with_lemma_step.extract_texts(texts)
+
+
+def test_presidio_is_imported_without_transformers_which_still_imports_afterwards():
+    """Presidio's eager ``from transformers import pipeline`` is skipped, nothing else is blocked."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from ctrlgen.extract.presidio import _import_presidio\n"
+        "_import_presidio()\n"
+        "assert 'presidio_analyzer' in sys.modules and 'transformers' not in sys.modules\n"
+        "from presidio_analyzer.nlp_engine import SpacyNlpEngine\n"
+        "import transformers\n"
+        "from transformers import LlamaConfig\n"
+        "print(LlamaConfig.model_type)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "llama"
