@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import re
 
 from ctrlgen.schema import Entity
@@ -66,11 +67,16 @@ def placeholder_type(inner: str) -> tuple[str, str, str]:
     if _DATE_ONLY.match(inner):
         return "DATETIME", "QUASI", "Date"
     label = _TRAILING_NUMBER.sub("", inner).strip() or inner
-    low = label.lower()
+    return (*_category_of(label.lower()), label)
+
+
+@functools.lru_cache(maxsize=4096)
+def _category_of(low: str) -> tuple[str, str]:
+    """The first rule with a keyword in ``low``; labels repeat (``hospital1``, ``known lastname``)."""
     for keywords, category, kind in _RULES:
         if any(k in low for k in keywords):
-            return category, kind, label
-    return "MISC", "QUASI", label
+            return category, kind
+    return "MISC", "QUASI"
 
 
 def placeholder_value(text: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -64,11 +65,16 @@ def decode_utf8(raw: bytes, what: str) -> str:
         raise BadRow(f"{what} is not valid UTF-8 (byte {exc.start})") from None
 
 
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+
+
 def check_no_surrogates(text: str, what: str) -> None:
     """Text read with ``errors='surrogateescape'`` carries undecodable bytes as surrogates."""
-    for i, ch in enumerate(text):
-        if "\udc80" <= ch <= "\udcff":
-            raise BadRow(f"{what} is not valid UTF-8 (character {i})")
+    if text.isascii():
+        return
+    m = _ESCAPED_BYTE.search(text)
+    if m is not None:
+        raise BadRow(f"{what} is not valid UTF-8 (character {m.start()})")
 
 
 def sort_entities(entities: Iterable[Entity]) -> list[Entity]:

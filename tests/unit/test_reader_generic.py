@@ -58,3 +58,15 @@ def test_unknown_extension_needs_file_format(tmp_path):
         load_corpus(GenericCorpusConfig(path=str(tmp_path / "c.txt")))
     docs, _, _ = load_corpus(GenericCorpusConfig(path=str(tmp_path / "c.txt"), file_format="jsonl"))
     assert docs[0].text == "x"
+
+
+def test_escaped_undecodable_bytes_are_found_by_their_character_offset():
+    from ctrlgen.corpora._common import BadRow, check_no_surrogates
+
+    check_no_surrogates("plain ascii", "TEXT")
+    check_no_surrogates("Zoë, 𝔘nicode, 漢字", "TEXT")
+    bad = b"ab\xffc\xfe".decode("utf-8", errors="surrogateescape")
+    with pytest.raises(BadRow, match=r"^TEXT is not valid UTF-8 \(character 2\)$"):
+        check_no_surrogates(bad, "TEXT")
+    with pytest.raises(BadRow, match=r"character 4\)"):
+        check_no_surrogates("Zoë " + "\udcff", "TEXT")
