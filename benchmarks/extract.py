@@ -48,7 +48,7 @@ from ctrlgen.config import (  # noqa: E402
 )
 from ctrlgen.corpora import load_corpus  # noqa: E402
 from ctrlgen.demo import write_demo_corpus  # noqa: E402
-from ctrlgen.extract import KnownExtractor  # noqa: E402
+from ctrlgen.extract import KnownExtractor, make_extractor  # noqa: E402
 from ctrlgen.extract.presidio import PresidioExtractor, build_stock_analyzer, results_to_entities  # noqa: E402
 from ctrlgen.extract.quality import span_scores  # noqa: E402
 from ctrlgen.extract.stage import extract_rows  # noqa: E402
@@ -70,12 +70,6 @@ def _rows(table: pa.Table) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
-def _extractor(setting: str) -> Any:
-    if setting == "unknown":
-        return PresidioExtractor(ExtractionConfig(setting="unknown"), SPACY, "direct+quasi")
-    return KnownExtractor()
-
-
 def _loop(files: list[Path], setting: str, out: Path) -> float:
     """Single process: build the extractor, read the shards, run extract_rows per batch, write Parquet.
 
@@ -85,7 +79,7 @@ def _loop(files: list[Path], setting: str, out: Path) -> float:
     out.mkdir(parents=True, exist_ok=True)
     corpus = MimicCorpusConfig(path="x", identifiers="direct+quasi")
     t0 = time.perf_counter()
-    extractor = _extractor(setting)
+    extractor = make_extractor(ExtractionConfig(setting=setting), SPACY, "direct+quasi")
     n = 0
     for f in files:
         for batch in pq.ParquetFile(f).iter_batches(batch_size=512):

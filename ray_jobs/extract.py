@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 
 from ctrlgen.config import CtrlgenConfig, MimicCorpusConfig
 from ctrlgen.corpora import read_corpus
@@ -103,15 +104,11 @@ def _read_parquet(paths: list[str], rows_per_block: int, min_blocks: int) -> Any
     row reaches an extractor: the documented V1 switch of the ``DataContext`` reads local
     shards without them.
     """
-    import pyarrow.parquet as pq
     import ray
 
-    rows = 0
-    for p in paths:
-        try:
-            rows += pq.ParquetFile(p).metadata.num_rows
-        except (OSError, pa.ArrowException) as exc:
-            raise CtrlgenError(f"{p}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    from ctrlgen.corpora.mimic import open_parquet
+
+    rows = sum(open_parquet(p).metadata.num_rows for p in paths)
     ctx = ray.data.DataContext.get_current()
     v2, ctx.use_datasource_v2 = ctx.use_datasource_v2, False
     try:
@@ -172,8 +169,6 @@ def _count(out: Path, driver_quarantine: list[Quarantined]) -> tuple[int, int, C
     cats: Counter[str] = Counter()
     ok_dir, bad_dir = out / "status=ok", out / "status=quarantined"
     if ok_dir.is_dir():
-        import pyarrow.parquet as pq
-
         for f in sorted(ok_dir.glob("*.parquet")):
             # Only the entities' category leaf column is read.
             table = pq.ParquetFile(f).read(columns=["entities.list.element.category"])
@@ -225,8 +220,6 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
     # One-batch blocks would make one small file each: the writer buffers to rows_per_file.
     out_ds.write_parquet(str(out), partition_cols=["status"], min_rows_per_file=ex.rows_per_file)
     if driver_quarantine:
-        import pyarrow.parquet as pq
-
         from ctrlgen.schema import quarantine_to_table
 
         pq.write_table(quarantine_to_table(driver_quarantine), out / "reader-quarantine.parquet")

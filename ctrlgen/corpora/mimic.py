@@ -30,7 +30,14 @@ from ctrlgen.errors import CorpusError
 from ctrlgen.placeholders import placeholder_entities
 from ctrlgen.schema import Document
 
-__all__ = ["NOTEEVENTS_COLUMNS", "REQUIRED_COLUMNS", "iter_noteevent_batches", "parse_noteevent", "read_mimic"]
+__all__ = [
+    "NOTEEVENTS_COLUMNS",
+    "REQUIRED_COLUMNS",
+    "iter_noteevent_batches",
+    "open_parquet",
+    "parse_noteevent",
+    "read_mimic",
+]
 
 NOTEEVENTS_COLUMNS = (
     "ROW_ID",
@@ -69,6 +76,14 @@ def _check_columns(names: list[str], source: Path) -> None:
         )
 
 
+def open_parquet(shard: str | Path) -> pq.ParquetFile:
+    """Open a Parquet file (its footer only), or raise :class:`CorpusError` naming it."""
+    try:
+        return pq.ParquetFile(shard)
+    except (pa.ArrowException, OSError) as exc:
+        raise CorpusError(f"{shard}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+
+
 def iter_noteevent_batches(path: str | Path) -> Iterator[tuple[Path, int, list[dict[str, Any]]]]:
     """Yield ``(file, first_row_index, rows)`` batches from CSV or Parquet NOTEEVENTS files.
 
@@ -78,10 +93,7 @@ def iter_noteevent_batches(path: str | Path) -> Iterator[tuple[Path, int, list[d
     for shard in _shards(Path(path)):
         row = 0
         if shard.suffix == ".parquet":
-            try:
-                pf = pq.ParquetFile(shard)
-            except (pa.ArrowInvalid, OSError) as exc:
-                raise CorpusError(f"{shard} is not a readable Parquet file: {exc}") from None
+            pf = open_parquet(shard)
             _check_columns(pf.schema_arrow.names, shard)
             for batch in pf.iter_batches(batch_size=4096):
                 rows = batch.to_pylist()
