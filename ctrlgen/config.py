@@ -212,13 +212,13 @@ class ExtractionConfig(_Model):
     actor_num_cpus: float = Field(
         1.0, gt=0, description="Logical CPUs per actor (see RAY_NOTES: leave room for reads)."
     )
-    batch_size: int = Field(256, ge=1, description="Documents per map_batches batch (and per block).")
+    batch_size: int = Field(256, ge=1, description="Documents per call of the core extraction function.")
     rows_per_block: int | None = Field(
         None,
         ge=1,
         description="Rows per Ray Data block fed to the actors (at most: Parquet input is cut into at "
         "least 4 blocks per actor); default batch_size for the unknown "
-        "setting, 50 x batch_size for the (cheap) known setting.",
+        "setting, 200 x batch_size for the (cheap) known setting.",
     )
     rows_per_file: int = Field(20_000, ge=1, description="Rows the writer gathers per output Parquet file.")
 

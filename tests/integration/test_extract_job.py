@@ -7,6 +7,7 @@ import pytest
 
 from ctrlgen.codes import build_control_code, format_control_code
 from ctrlgen.config import load_config
+from ctrlgen.errors import CtrlgenError
 from ctrlgen.schema import table_to_documents
 
 pytestmark = pytest.mark.integration
@@ -91,7 +92,6 @@ def test_bad_csv_rows_are_quarantined_by_the_job(ray_cluster, tmp_path):
 def test_unreadable_parquet_shard_is_named_before_any_work(ray_cluster, tmp_path):
     from ctrlgen.config import DemoCorpusConfig
     from ctrlgen.demo import write_demo_corpus
-    from ctrlgen.errors import CtrlgenError
     from ray_jobs.extract import run
 
     notes = write_demo_corpus(DemoCorpusConfig(n_notes=20, output_dir=str(tmp_path / "in")), progress=False)
@@ -119,3 +119,37 @@ def test_main_job_runs_end_to_end_on_the_embedded_default(ray_cluster, tmp_path,
     assert rc == 0
     assert "rows in 500 = documents out" in out and "--- control code of document" in out
     assert "PERSON: " in out
+
+
+def test_status_sink_writes_every_row_once_by_status(tmp_path):
+    """The job's writer on its own (no cluster): ok rows stay zero-copy slices around the
+    quarantined ones, each status in its own hive directory, and an unknown status is an
+    error rather than a row dropped."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from ctrlgen.config import MimicCorpusConfig
+    from ctrlgen.extract import KnownExtractor
+    from ctrlgen.extract.stage import extract_rows
+    from ray_jobs.extract import StatusParquetSink
+
+    texts = ["Pt [**Known lastname 5**] seen.", "", "ok note", None, "x [**2101-1-2**]", "", "last"]
+    rows = [{"ROW_ID": i, "SUBJECT_ID": 1, "CATEGORY": "Nursing", "TEXT": t} for i, t in enumerate(texts)]
+    corpus = MimicCorpusConfig(path="x", identifiers="direct+quasi")
+    blocks = [
+        extract_rows(rows[:4], KnownExtractor(), corpus, "noteevents"),
+        extract_rows(rows[4:], KnownExtractor(), corpus, "noteevents"),
+    ]
+    sink = StatusParquetSink(tmp_path, rows_per_file=100)
+    sink.write(blocks, SimpleNamespace(task_idx=3))
+    ok = pads.dataset(str(tmp_path / "status=ok"), format="parquet").to_table()
+    bad = pads.dataset(str(tmp_path / "status=quarantined"), format="parquet").to_table()
+    assert ok.column("doc_id").to_pylist() == ["0", "2", "4", "6"]
+    assert bad.num_rows == 3 and set(bad.column("text").to_pylist()) == {""}
+    assert "status" not in ok.schema.names and "status" not in bad.schema.names
+    assert [p.name.endswith("_000003.parquet") for p in (tmp_path / "status=ok").iterdir()] == [True]
+
+    odd = blocks[0].set_column(5, "status", pa.array(["ok", "lost", "ok", "ok"]))
+    with pytest.raises(CtrlgenError, match="1 extracted rows with a status other than"):
+        StatusParquetSink(tmp_path / "odd", rows_per_file=100).write([odd], SimpleNamespace(task_idx=0))
