@@ -98,8 +98,10 @@ class StatusParquetSink(Datasink[None]):
         return self.rows_per_file
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> None:
-        table = pa.concat_tables(list(blocks))
-        ok, rest = _split_ok(table)
+        tables = [b for b in blocks if b.num_rows]
+        if not tables:
+            return
+        ok, rest = _split_ok(pa.concat_tables(tables))
         unknown = rest.num_rows - int(pc.sum(pc.equal(rest.column("status"), "quarantined")).as_py() or 0)
         if unknown:  # extract_rows only makes these two: never drop rows silently
             raise CtrlgenError(f"{unknown} extracted rows with a status other than {self.STATUSES}")
@@ -114,7 +116,7 @@ def _split_ok(table: pa.Table) -> tuple[pa.Table, pa.Table]:
     """The rows with status ``ok`` and the others. Quarantined rows are rare: they are
     copied out, and the ok rows are the zero-copy slices between them (a filter would copy
     every note's text once more)."""
-    not_ok = pc.invert(pc.equal(table.column("status"), "ok"))
+    not_ok = pc.fill_null(pc.invert(pc.equal(table.column("status"), "ok")), True)  # a null status is not ok
     rest = table.filter(not_ok)
     if not rest.num_rows:
         return table, rest

@@ -150,6 +150,8 @@ def test_status_sink_writes_every_row_once_by_status(tmp_path):
     assert "status" not in ok.schema.names and "status" not in bad.schema.names
     assert [p.name.endswith("_000003.parquet") for p in (tmp_path / "status=ok").iterdir()] == [True]
 
-    odd = blocks[0].set_column(5, "status", pa.array(["ok", "lost", "ok", "ok"]))
-    with pytest.raises(CtrlgenError, match="1 extracted rows with a status other than"):
+    odd = blocks[0].set_column(5, "status", pa.array(["ok", "lost", None, "ok"]))
+    with pytest.raises(CtrlgenError, match="2 extracted rows with a status other than"):
         StatusParquetSink(tmp_path / "odd", rows_per_file=100).write([odd], SimpleNamespace(task_idx=0))
+    StatusParquetSink(tmp_path / "none", rows_per_file=100).write([blocks[0].slice(0, 0)], SimpleNamespace(task_idx=0))
+    assert not (tmp_path / "none").exists()
