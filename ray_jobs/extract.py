@@ -300,6 +300,7 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
     if driver_quarantine:
         from ctrlgen.schema import quarantine_to_table
 
+        out.mkdir(parents=True, exist_ok=True)  # the sink makes it only for rows that reach it
         pq.write_table(quarantine_to_table(driver_quarantine), out / "reader-quarantine.parquet")
     ok, bad, cats = _count(out, driver_quarantine)
     return ExtractSummary(ok + bad, ok, bad, cats, time.perf_counter() - t0, str(out))

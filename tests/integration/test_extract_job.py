@@ -155,3 +155,15 @@ def test_status_sink_writes_every_row_once_by_status(tmp_path):
         StatusParquetSink(tmp_path / "odd", rows_per_file=100).write([odd], SimpleNamespace(task_idx=0))
     StatusParquetSink(tmp_path / "none", rows_per_file=100).write([blocks[0].slice(0, 0)], SimpleNamespace(task_idx=0))
     assert not (tmp_path / "none").exists()
+
+
+def test_a_corpus_whose_every_row_is_quarantined_by_the_reader(ray_cluster, tmp_path):
+    from ray_jobs.extract import run
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "notes.jsonl").write_text('{"body": "no text field"}\n{"text": 3}\n')
+    cfg = load_config(None, ["corpus.format=generic", f"corpus.path={tmp_path / 'in'}", f"output_dir={tmp_path}"])
+    summary = run(cfg)
+    assert (summary.rows_in, summary.documents, summary.quarantined) == (2, 0, 2)
+    bad = pads.dataset(str(tmp_path / "extracted" / "reader-quarantine.parquet")).to_table()
+    assert bad.num_rows == 2 and "text" not in bad.schema.names
