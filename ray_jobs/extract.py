@@ -34,6 +34,7 @@ from ray.data import Datasink
 
 from ctrlgen.config import CtrlgenConfig, MimicCorpusConfig
 from ctrlgen.corpora import read_corpus
+from ctrlgen.corpora.mimic import noteevent_shards, open_parquet
 from ctrlgen.errors import CtrlgenError
 from ctrlgen.schema import DOCUMENT_SCHEMA, Document, Quarantined
 
@@ -117,11 +118,12 @@ def _split_ok(table: pa.Table) -> tuple[pa.Table, pa.Table]:
     copied out, and the ok rows are the zero-copy slices between them (a filter would copy
     every note's text once more)."""
     not_ok = pc.fill_null(pc.invert(pc.equal(table.column("status"), "ok")), True)  # a null status is not ok
-    rest = table.filter(not_ok)
+    where = pc.indices_nonzero(not_ok)
+    rest = table.take(where)
     if not rest.num_rows:
         return table, rest
     pieces, start = [], 0
-    for i in pc.indices_nonzero(not_ok).to_pylist():
+    for i in where.to_pylist():
         if i > start:
             pieces.append(table.slice(start, i - start))
         start = i + 1
@@ -183,8 +185,6 @@ def _read_parquet(paths: list[str], rows_per_block: int, min_blocks: int) -> Any
     """
     import ray
 
-    from ctrlgen.corpora.mimic import open_parquet
-
     rows = sum(open_parquet(p).metadata.num_rows for p in paths)
     ctx = ray.data.DataContext.get_current()
     v2, ctx.use_datasource_v2 = ctx.use_datasource_v2, False
@@ -203,9 +203,7 @@ def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined], rows_per_
     corpus = cfg.corpus
     if isinstance(corpus, MimicCorpusConfig):
         path = Path(corpus.path)
-        if not path.exists():
-            raise CtrlgenError(f"NOTEEVENTS path {path} does not exist")
-        files = sorted(path.iterdir()) if path.is_dir() else [path]
+        files = noteevent_shards(path)
         parquet = [str(f) for f in files if f.suffix == ".parquet"]
         csvs = [str(f) for f in files if f.suffix == ".csv" or f.name.endswith(".csv.gz")]
         if not parquet and not csvs:

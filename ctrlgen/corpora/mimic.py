@@ -34,6 +34,7 @@ __all__ = [
     "NOTEEVENTS_COLUMNS",
     "REQUIRED_COLUMNS",
     "iter_noteevent_batches",
+    "noteevent_shards",
     "open_parquet",
     "parse_noteevent",
     "read_mimic",
@@ -56,7 +57,8 @@ REQUIRED_COLUMNS = ("ROW_ID", "SUBJECT_ID", "CATEGORY", "TEXT")
 _BLOCK = 16 << 20  # CSV bytes per batch
 
 
-def _shards(path: Path) -> list[Path]:
+def noteevent_shards(path: Path) -> list[Path]:
+    """The NOTEEVENTS files at ``path`` (a file, or a directory of .parquet / .csv / .csv.gz shards), sorted."""
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in (".parquet", ".csv") or p.name.endswith(".csv.gz"))
         if not files:
@@ -90,7 +92,7 @@ def iter_noteevent_batches(path: str | Path) -> Iterator[tuple[Path, int, list[d
     CSV columns are read as bytes so that one row with non-UTF-8 bytes is
     quarantined instead of failing its whole block.
     """
-    for shard in _shards(Path(path)):
+    for shard in noteevent_shards(Path(path)):
         row = 0
         if shard.suffix == ".parquet":
             pf = open_parquet(shard)
