@@ -41,6 +41,7 @@ __all__ = [
     "PhysionetCorpusConfig",
     "RayConfig",
     "SamplingConfig",
+    "ServeConfig",
     "TabCorpusConfig",
     "TrainingConfig",
     "apply_overrides",
@@ -393,6 +394,47 @@ class RayConfig(_Model):
     include_dashboard: bool = Field(False, description="Start the dashboard with a local cluster.")
 
 
+class ServeConfig(_Model):
+    """The Ray Serve service (serve/): what the deployments load and the limits the API enforces.
+
+    Deployment options (replicas, autoscaling, ``max_ongoing_requests``, queues) live in the
+    Ray Serve config file (configs/serve/*.yaml); this section is the application's own.
+    """
+
+    contexts: str | None = Field(
+        None,
+        description="Extraction output the ICL contexts and fictional-code templates come from (loaded at "
+        "replica start). None: generation.context_input, then generation.input; `ctrlgen serve` runs the "
+        "extraction job first when none is set.",
+    )
+    references: str | None = Field(
+        None, description="Extraction output /v1/score compares texts with (None: the same as contexts)."
+    )
+    adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="Prefix adapters by name (a `ctrlgen train` output's adapter directory); the prefix mode "
+        "checks outputs against the private values of <adapter>/../train_data.",
+    )
+    default_mode: GenerationMode = Field(
+        "icl_blocking", description="Mode of a /v1/synthesize request that names none."
+    )
+    token_file: str | None = Field(None, description="File holding the bearer token (read at replica start).")
+    token_env: str = Field("CTRLGEN_SERVE_TOKEN", description="Environment variable holding the token (if no file).")
+    max_outputs: int = Field(8, ge=1, description="Outputs one /v1/synthesize request may ask for.")
+    max_new_tokens: int = Field(256, ge=1, description="Server cap on a request's max_new_tokens (larger is cut).")
+    max_text_chars: int = Field(20_000, ge=1, description="Longest text /v1/extract and /v1/score accept.")
+    max_texts: int = Field(64, ge=1, description="Texts one /v1/extract or /v1/score request may send.")
+    max_code_chars: int = Field(4_000, ge=1, description="Longest control code a request may send.")
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="Larger request bodies are refused with 413.")
+    request_timeout_s: float = Field(120.0, gt=0, description="A request not answered by then gets 504.")
+    generator_batch_size: int = Field(16, ge=1, description="Outputs per batched engine call (@serve.batch).")
+    generator_batch_wait_s: float = Field(0.05, ge=0, description="How long a batch waits to fill.")
+    extractor_batch_size: int = Field(32, ge=1, description="Documents per batched extractor call.")
+    extractor_batch_wait_s: float = Field(0.02, ge=0, description="How long an extraction batch waits to fill.")
+    scorer_shards: int = Field(2, ge=1, description="Shards of the reference index (one deployment each).")
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per generator replica.")
+
+
 EntitySetting = Literal["known", "unknown"]
 ExperimentMethod = Literal["baseline", "icl", "icl_blocking", "prefix", "prefix_masked"]
 
@@ -456,6 +498,7 @@ class CtrlgenConfig(_Model):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     experiment: ExperimentConfig = Field(default_factory=ExperimentConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
     output_dir: str = Field("runs/demo", description="Where stages write their outputs.")
     show: int = Field(3, ge=0, description="How many control codes the demo prints.")
 

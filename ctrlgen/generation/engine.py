@@ -46,12 +46,16 @@ class GenerationRequest:
         banned: token sequences that must not be generated (see ``banned_sequences``).
         seed: seeds this row's sampling.
         stop: strings at which generation stops; the output is cut before them.
+        max_new_tokens: this row's limit (None: the engine's ``sampling.max_new_tokens``). A batch
+            runs to its longest limit and each row is cut at its own, which gives the tokens the row
+            would get alone (its sampler draws the same sequence either way).
     """
 
     prompt: str
     banned: tuple[tuple[int, ...], ...] = ()
     seed: int = 0
     stop: tuple[str, ...] = ()
+    max_new_tokens: int | None = None
 
 
 @dataclass
@@ -108,6 +112,18 @@ class RowSampler:
         return out
 
 
+class _RowLimits:
+    """Stopping criterion: a row is done once it has its own ``max_new_tokens`` (the batch runs to the longest)."""
+
+    def __init__(self, prompt_len: int, limits: Sequence[int]) -> None:
+        self.prompt_len = prompt_len
+        self.limits = torch.tensor(limits)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        done = (input_ids.shape[1] - self.prompt_len) >= self.limits.to(input_ids.device)  # [batch]
+        return done
+
+
 @dataclass
 class HFEngine:
     """:class:`GenerationEngine` over a transformers causal LM (any ``generate``-capable model)."""
@@ -123,6 +139,10 @@ class HFEngine:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
 
+    def limit(self, request: GenerationRequest) -> int:
+        """New tokens allowed for ``request``."""
+        return request.max_new_tokens or self.sampling.max_new_tokens
+
     def _prompt_lengths(self, requests: Sequence[GenerationRequest]) -> list[int]:
         enc = self.tokenizer([r.prompt for r in requests], add_special_tokens=False)
         return [len(ids) for ids in enc["input_ids"]]
@@ -132,14 +152,14 @@ class HFEngine:
         lengths = self._prompt_lengths(requests)
         todo = []
         for i, n in enumerate(lengths):
+            limit = self.limit(requests[i])
             if n == 0:
                 results[i] = GenerationResult("", finish="error", error="empty prompt")
-            elif self.max_positions and n + self.sampling.max_new_tokens > self.max_positions:
+            elif self.max_positions and n + limit > self.max_positions:
                 results[i] = GenerationResult(
                     "",
                     finish="error",
-                    error=f"prompt of {n} tokens + {self.sampling.max_new_tokens} new tokens exceeds the "
-                    f"model's {self.max_positions} positions",
+                    error=f"prompt of {n} tokens + {limit} new tokens exceeds the model's {self.max_positions} positions",
                 )
             else:
                 todo.append(i)
@@ -152,7 +172,7 @@ class HFEngine:
 
     @torch.inference_mode()
     def _generate_batch(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        from transformers import GenerationConfig, LogitsProcessorList
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         t0 = time.perf_counter()
         tok = self.tokenizer
@@ -164,24 +184,30 @@ class HFEngine:
             processors.append(RowBannedTokens([r.banned for r in batch], vocab, inplace=True))
         processors.append(RowSampler([r.seed for r in batch], self.sampling.temperature, self.sampling.top_p))
         stops = sorted({s for r in batch for s in r.stop})
+        limits = [self.limit(r) for r in batch]
         gen_cfg = GenerationConfig(
-            max_new_tokens=self.sampling.max_new_tokens,
+            max_new_tokens=max(limits),
             do_sample=False,
             pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
             stop_strings=stops or None,
         )
+        criteria = StoppingCriteriaList()
+        if len(set(limits)) > 1:
+            criteria.append(_RowLimits(enc["input_ids"].shape[1], limits))
         out = self.model.generate(
             **enc,
             generation_config=gen_cfg,
             logits_processor=LogitsProcessorList(processors),
+            stopping_criteria=criteria,
             tokenizer=tok if stops else None,
         )
         new = out[:, enc["input_ids"].shape[1] :]  # [batch, new]
         seconds = (time.perf_counter() - t0) / len(batch)
         results = []
-        for r, ids in zip(batch, new.tolist(), strict=True):
+        for r, ids, limit in zip(batch, new.tolist(), limits, strict=True):
             finish = "length"
+            ids = ids[:limit]
             if tok.eos_token_id in ids:
                 ids = ids[: ids.index(tok.eos_token_id)]
                 finish = "eos"
@@ -191,7 +217,7 @@ class HFEngine:
             cut = min((text.find(s) for s in r.stop if s in text), default=-1)
             if cut >= 0:
                 text, finish = text[:cut], "stop"
-            elif finish == "length" and len(ids) < self.sampling.max_new_tokens:
+            elif finish == "length" and len(ids) < limit:
                 finish = "stop"  # a stop string that began in the prompt's last characters
             results.append(GenerationResult(text.strip(), len(ids), finish, None, seconds))
         return results

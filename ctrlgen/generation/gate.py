@@ -49,24 +49,27 @@ def gated_generate(
     known_values: Sequence[Sequence[str]],
     *,
     max_retries: int = 3,
-    enabled: bool = True,
+    enabled: bool | Sequence[bool] = True,
 ) -> list[GatedResult]:
     """Generate, then regenerate leaking outputs (bounded); withhold what still leaks.
 
-    With ``enabled`` False every output is released as generated (its leaks are
-    still reported). Failed generations (``result.error``) are never released.
+    ``enabled`` is one flag for all rows or one per row (a batch may mix gated and
+    ungated modes in one engine call). A row with the gate off is released as
+    generated (its leaks are still reported). Failed generations (``result.error``)
+    are never released. Retries of all gated rows go to the engine together.
     """
     if len(requests) != len(known_values):
         raise ValueError(f"{len(requests)} requests but {len(known_values)} value lists")
+    gate = [enabled] * len(requests) if isinstance(enabled, bool) else list(enabled)
+    if len(gate) != len(requests):
+        raise ValueError(f"{len(requests)} requests but {len(gate)} gate flags")
     first = engine.generate(requests)
     out = []
-    for res, values in zip(first, known_values, strict=True):
+    for res, values, on in zip(first, known_values, gate, strict=True):
         leaks = leaked_values(res.text, values) if res.error is None else set()
-        out.append(GatedResult(res, 1, leaks, leaks, res.error is None and (not leaks or not enabled)))
-    if not enabled:
-        return out
+        out.append(GatedResult(res, 1, leaks, leaks, res.error is None and (not leaks or not on)))
     for attempt in range(1, max_retries + 1):
-        todo = [i for i, g in enumerate(out) if g.result.error is None and g.leaked]
+        todo = [i for i, g in enumerate(out) if gate[i] and g.result.error is None and g.leaked]
         if not todo:
             break
         retry = [dataclasses.replace(requests[i], seed=requests[i].seed + attempt * _RETRY_SEED_STEP) for i in todo]

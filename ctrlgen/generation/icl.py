@@ -42,7 +42,17 @@ from ctrlgen.generation.engine import GenerationEngine, GenerationRequest
 from ctrlgen.generation.gate import gated_generate
 from ctrlgen.prompts import baseline_prompt, icl_prompt, prefix_prompt, stop_strings, truncate_to_tokens
 
-__all__ = ["GENERATED_SCHEMA", "ContextDoc", "build_pool", "generate_rows", "row_seed"]
+__all__ = [
+    "GENERATED_SCHEMA",
+    "ContextDoc",
+    "ModeRequest",
+    "build_pool",
+    "draw_contexts",
+    "generate_rows",
+    "mode_request",
+    "row_seed",
+    "select_pool",
+]
 
 GENERATED_SCHEMA = pa.schema(
     [
@@ -90,6 +100,70 @@ def build_pool(rows: Sequence[dict[str, Any]], tokenizer: Any, max_context_token
     return pool
 
 
+def select_pool(batches: Any, k: int, seed: int, salt: str = "pool") -> list[dict[str, Any]]:
+    """The ``k`` rows with the smallest ``row_seed(seed, salt, doc_id)`` from an iterable of row lists.
+
+    The same choice as the batch job's seeded sample (``ray_jobs.common.seeded_sample``), streamed:
+    at most ``2k`` rows are held at once, whatever the corpus size.
+    """
+    kept: list[tuple[int, dict[str, Any]]] = []
+    for rows in batches:
+        kept.extend((row_seed(seed, salt, str(r["doc_id"])), r) for r in rows)
+        if len(kept) > 2 * k:
+            kept.sort(key=lambda t: t[0])
+            del kept[k:]
+    kept.sort(key=lambda t: t[0])
+    return [r for _, r in kept[:k]]
+
+
+def draw_contexts(pool: Sequence[ContextDoc], n: int, seed: int, target_id: str) -> list[ContextDoc]:
+    """``n`` contexts for one target (never the target itself), seeded by ``(seed, target_id)``."""
+    rng = random.Random(row_seed(seed, target_id, "contexts"))
+    return rng.sample([c for c in pool if c.doc_id != target_id], n)
+
+
+@dataclass(frozen=True)
+class ModeRequest:
+    """One output to generate: the engine request and what the release gate checks it against."""
+
+    request: GenerationRequest
+    known: tuple[str, ...]  # values whose appearance is a leak (context values, or fine-tuning values)
+
+
+def mode_request(
+    mode: str,
+    contexts: Sequence[ContextDoc],
+    fictional_code: str,
+    seed: int,
+    banned_of: Callable[[ContextDoc], tuple[tuple[int, ...], ...]],
+    finetune_values: Sequence[str] = (),
+    max_new_tokens: int | None = None,
+) -> ModeRequest:
+    """The prompt, banned sequences, stop strings and known values of one output of ``mode``.
+
+    ``banned_of`` gives a context's banned token sequences (cached by the caller);
+    only ``icl_blocking`` uses it. The batch job and the Serve generator both build
+    their requests here.
+    """
+    if mode == "baseline":
+        prompt = baseline_prompt([c.text for c in contexts])
+    elif mode == "prefix":
+        prompt = prefix_prompt(fictional_code)
+    elif mode in ("icl", "icl_blocking"):
+        prompt = icl_prompt([(c.code_text, c.text) for c in contexts], fictional_code)
+    else:
+        raise CtrlgenError(f"unknown generation mode {mode!r}")
+    banned: tuple[tuple[int, ...], ...] = ()
+    if mode == "icl_blocking":
+        merged: dict[tuple[int, ...], None] = {}
+        for c in contexts:
+            merged.update(dict.fromkeys(banned_of(c)))
+        banned = tuple(merged)
+    known = tuple(finetune_values) if mode == "prefix" else tuple(sorted({v for c in contexts for v in c.values}))
+    req = GenerationRequest(prompt, banned, seed, tuple(stop_strings(mode)), max_new_tokens)
+    return ModeRequest(req, known)
+
+
 def _quarantined(doc_id: str, mode: str, reason: str) -> dict[str, Any]:
     return {
         "doc_id": doc_id, "mode": mode, "context_ids": [], "fictional_code": "", "text": "",
@@ -135,10 +209,7 @@ def generate_rows(
     prepared = []
     for r in rows:
         doc_id = str(r["doc_id"])
-        contexts: list[ContextDoc] = []
-        if icl_modes:
-            rng = random.Random(row_seed(cfg.seed, doc_id, "contexts"))
-            contexts = rng.sample([c for c in pool if c.doc_id != doc_id], cfg.n_context)
+        contexts = draw_contexts(pool, cfg.n_context, cfg.seed, doc_id) if icl_modes else []
         values = sorted({v for c in contexts for v in c.values})
         fake, error = "", ""
         if any(m != "baseline" for m in cfg.modes):
@@ -159,23 +230,10 @@ def generate_rows(
             if mode != "baseline" and error:
                 out.append(_quarantined(doc_id, mode, error))
                 continue
-            if mode == "baseline":
-                prompt = baseline_prompt([c.text for c in contexts])
-            elif mode == "prefix":
-                prompt = prefix_prompt(fake)
-            else:
-                prompt = icl_prompt([(c.code_text, c.text) for c in contexts], fake)
-            banned: tuple[tuple[int, ...], ...] = ()
-            if mode == "icl_blocking":
-                merged: dict[tuple[int, ...], None] = {}
-                for c in contexts:
-                    merged.update(dict.fromkeys(banned_of(c)))
-                banned = tuple(merged)
-            requests.append(
-                GenerationRequest(prompt, banned, row_seed(cfg.seed, doc_id, mode), tuple(stop_strings(mode)))
-            )
+            mr = mode_request(mode, contexts, fake, row_seed(cfg.seed, doc_id, mode), banned_of, finetune)
+            requests.append(mr.request)
             prefix = mode == "prefix"
-            known.append(finetune if prefix else values)
+            known.append(list(mr.known))
             skeletons.append(
                 {"doc_id": doc_id, "mode": mode, "context_ids": [] if prefix else [c.doc_id for c in contexts],
                  "fictional_code": fake if mode != "baseline" else "", "context_values": [] if prefix else values}

@@ -1,0 +1,187 @@
+"""Leakage and ROUGE of submitted texts against a reference corpus split into shards, merged exactly.
+
+A reference corpus (an extraction output: documents with control codes) is cut into
+``n`` shards by two stable hashes: **documents** by ``doc_id`` (each shard holds a
+:class:`~ctrlgen.metrics.rouge.RougeIndex` of its documents) and **private values**
+by their normalised form (each shard matches only its own values). Values are
+sharded on their own, not with their documents, because one value can occur in
+documents of several shards: keyed by value, the shards' value sets are disjoint,
+so the corpus' distinct value count is the sum of the shards' and a text's leaked
+values are the disjoint union of what each shard finds.
+
+Merging is therefore exact (tested against the unsharded metric functions):
+
+* ROUGE-2 / ROUGE-L: the maximum over shards of each shard's maximum is the maximum
+  over the whole corpus (each shard's maximum is exact, see ``RougeIndex``);
+* leaked values: union over shards; PIPP = share of texts with at least one;
+  ELP (fine-tuning definition, METHOD.md section 6) = distinct leaked values over
+  all texts / distinct values of the corpus.
+
+Example:
+    >>> refs = [("a", "Seen by Dr. Smith today.", ("Smith",)), ("b", "Plan: heparin drip.", ())]
+    >>> shards = [ReferenceShard(refs, i, 2) for i in range(2)]
+    >>> merged = merge_shard_scores([s.score(["Dr. SMITH said heparin drip"]) for s in shards])
+    >>> merged[0].n_leaked, round(merged[0].rouge2, 3) > 0
+    (1, True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ctrlgen.errors import CtrlgenError
+from ctrlgen.metrics.leakage import leaked_values, normalize_value, value_matcher
+from ctrlgen.metrics.rouge import RougeIndex
+
+__all__ = [
+    "MergedScore",
+    "ReferenceShard",
+    "ShardScore",
+    "corpus_leakage",
+    "iter_references",
+    "merge_shard_scores",
+    "shard_of",
+]
+
+Reference = tuple[str, str, Sequence[str]]  # (doc_id, text, private values)
+
+
+def shard_of(key: str, n: int) -> int:
+    """A stable shard number in ``[0, n)`` for ``key`` (same on every machine and run)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % n
+
+
+def iter_references(path: str | Path, batch_rows: int = 4096) -> Iterator[Reference]:
+    """(doc_id, text, values) of every document of an extraction output, streamed in Parquet batches.
+
+    Values are those of the document's control code (what the release gate and the
+    fictional codes use), so the scorer and the gate agree on what a private value is.
+    """
+    import pyarrow.dataset as pads
+
+    from ctrlgen.codes import parse_control_code
+    from ctrlgen.fictional import code_values
+
+    root = Path(path)
+    if (root / "status=ok").is_dir():
+        root = root / "status=ok"
+    files = sorted(str(f) for f in root.rglob("*.parquet")) if root.is_dir() else []
+    if not files:
+        raise CtrlgenError(f"reference corpus {root} holds no Parquet files (an extraction output is expected)")
+    ds = pads.dataset(files, format="parquet")
+    for batch in ds.to_batches(columns=["doc_id", "text", "control_code"], batch_size=batch_rows):
+        for row in batch.to_pylist():
+            yield str(row["doc_id"]), row["text"] or "", code_values(parse_control_code(row["control_code"] or ""))
+
+
+@dataclass(frozen=True)
+class ShardScore:
+    """What one shard found for one text."""
+
+    leaked: frozenset[str]  # normalised values of this shard found in the text
+    rouge2: float
+    rouge2_doc: str  # "" when no document of the shard shares a bigram
+    rougeL: float
+    rougeL_doc: str
+
+
+@dataclass(frozen=True)
+class MergedScore:
+    """One text against the whole corpus."""
+
+    n_leaked: int
+    leaked: frozenset[str]
+    rouge2: float
+    rouge2_doc: str
+    rougeL: float
+    rougeL_doc: str
+
+
+class ReferenceShard:
+    """Shard ``shard`` of ``n_shards`` of a reference corpus, indexed once.
+
+    Args:
+        references: every (doc_id, text, values) of the corpus (each shard reads them all
+            and keeps its part; :func:`iter_references` streams an extraction output).
+        shard: this shard's number.
+        n_shards: how many shards the corpus is cut into.
+    """
+
+    def __init__(self, references: Iterable[Reference], shard: int, n_shards: int) -> None:
+        if not 0 <= shard < n_shards:
+            raise ValueError(f"shard {shard} is not in [0, {n_shards})")
+        self.shard, self.n_shards = shard, n_shards
+        ids: list[str] = []
+        texts: list[str] = []
+        values: set[str] = set()
+        self.corpus_documents = 0
+        for doc_id, text, vals in references:
+            self.corpus_documents += 1
+            if shard_of("doc\x1f" + doc_id, n_shards) == shard:
+                ids.append(doc_id)
+                texts.append(text)
+            for v in vals:
+                norm = normalize_value(v)
+                if norm and shard_of("value\x1f" + norm, n_shards) == shard:
+                    values.add(norm)
+        self.doc_ids = ids
+        self.values = sorted(values)
+        self._index = RougeIndex(texts)
+        self._matcher = value_matcher(self.values)
+
+    @property
+    def n_values(self) -> int:
+        return len(self.values)
+
+    def score(self, texts: Sequence[str]) -> list[ShardScore]:
+        """Leaked values and best ROUGE of every text against this shard."""
+        out = []
+        for text in texts:
+            leaked = leaked_values(text, self.values, self._matcher) if self._matcher is not None else set()
+            best = self._index.best(text)
+            out.append(
+                ShardScore(
+                    frozenset(leaked),
+                    best.rouge2,
+                    self.doc_ids[best.rouge2_ref] if best.rouge2_ref >= 0 else "",
+                    best.rougeL,
+                    self.doc_ids[best.rougeL_ref] if best.rougeL_ref >= 0 else "",
+                )
+            )
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        return {"shard": self.shard, "documents": len(self.doc_ids), "values": self.n_values}
+
+
+def merge_shard_scores(per_shard: Sequence[Sequence[ShardScore]]) -> list[MergedScore]:
+    """Per-shard scores (one list per shard, texts in the same order) -> one score per text."""
+    if not per_shard:
+        raise ValueError("no shard scores to merge")
+    n = len(per_shard[0])
+    if any(len(s) != n for s in per_shard):
+        raise ValueError("shards scored different numbers of texts")
+    out = []
+    for i in range(n):
+        scores = [s[i] for s in per_shard]
+        leaked = frozenset().union(*(s.leaked for s in scores))
+        r2 = max(scores, key=lambda s: s.rouge2)
+        rl = max(scores, key=lambda s: s.rougeL)
+        out.append(MergedScore(len(leaked), leaked, r2.rouge2, r2.rouge2_doc, rl.rougeL, rl.rougeL_doc))
+    return out
+
+
+def corpus_leakage(merged: Sequence[MergedScore], n_values: int) -> dict[str, float]:
+    """PIPP and ELP of a set of texts (fine-tuning definitions) from their merged scores."""
+    n = len(merged)
+    distinct = frozenset().union(*(m.leaked for m in merged)) if merged else frozenset()
+    return {
+        "pipp": sum(1 for m in merged if m.n_leaked) / n if n else 0.0,
+        "elp": len(distinct) / n_values if n_values else 0.0,
+        "rouge2": sum(m.rouge2 for m in merged) / n if n else 0.0,
+        "rougeL": sum(m.rougeL for m in merged) / n if n else 0.0,
+    }
