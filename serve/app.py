@@ -1,0 +1,41 @@
+"""``build_app(args)``: the application a Serve config file names (``import_path: serve.app:build_app``).
+
+``args`` (the config file's ``args:``)::
+
+    config: configs/demo.yaml          # a ctrlgen config (model, generation, extraction, serve sections)
+    overrides: ["serve.contexts=..."]  # key.sub=value overrides, as on the command line
+
+The graph: ``Api`` (ingress) -> ``Generator``, ``Extractor``, ``Scorer`` -> ``ScorerShard0..n-1``.
+Paths in the config should be absolute when the app is deployed on a cluster (replicas do not
+share the deployer's working directory); ``ctrlgen serve`` makes them so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve import Application
+
+from ctrlgen.config import load_config
+from serve.api import Api
+from serve.deployments import Extractor, Generator, Scorer, ScorerShard, contexts_path, references_path
+
+__all__ = ["build_app", "shard_name"]
+
+
+def shard_name(i: int) -> str:
+    """Deployment name of reference shard ``i`` (Serve config files refer to it)."""
+    return f"ScorerShard{i}"
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """The service graph from a ctrlgen config file and overrides."""
+    unknown = set(args) - {"config", "overrides"}
+    if unknown:
+        raise ValueError(f"unknown application args {sorted(unknown)} (expected: config, overrides)")
+    cfg = load_config(args.get("config"), list(args.get("overrides") or []))
+    contexts_path(cfg), references_path(cfg)  # fail at build time, with the config's own message
+    cfg_json = cfg.model_dump_json()
+    n = cfg.serve.scorer_shards
+    shards = [ScorerShard.options(name=shard_name(i)).bind(cfg_json, i, n) for i in range(n)]
+    return Api.bind(cfg_json, Generator.bind(cfg_json), Extractor.bind(cfg_json), Scorer.bind(shards))

@@ -1,0 +1,299 @@
+"""The service's model-side deployments: thin adapters that load resources once per replica and call the core.
+
+* :class:`Generator` - ``SynthesisPlanner`` (ICL contexts, fictional codes) + ``HFEngine`` +
+  ``gated_generate``: every output of every request goes through one ``@serve.batch`` queue,
+  so concurrent requests share engine calls; each output keeps its own seed and banned list.
+* :class:`Extractor` - ``extract_rows`` with the known spans a request sends, or the
+  configured unknown-setting (Presidio) engine; documents batched across requests.
+* :class:`ScorerShard` / :class:`Scorer` - one ``ReferenceShard`` per shard deployment; the
+  scorer fans a request out to every shard through ``DeploymentHandle`` s and merges exactly.
+
+Deployment options (replicas, autoscaling, queues) come from the Serve config file
+(configs/serve/*.yaml); these decorators hold only defaults. Nothing here logs text:
+log lines carry ids, counts and timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+
+from ctrlgen.config import CtrlgenConfig
+from ctrlgen.errors import CtrlgenError
+from serve.metrics import metrics
+
+__all__ = ["Extractor", "Generator", "Scorer", "ScorerShard", "contexts_path", "references_path"]
+
+logger = logging.getLogger("ray.serve")
+
+
+def contexts_path(cfg: CtrlgenConfig) -> str:
+    """The extraction output the generator reads its contexts from (checked at build time)."""
+    path = cfg.serve.contexts or cfg.generation.context_input or cfg.generation.input
+    if not path:
+        raise CtrlgenError(
+            "the service needs an extraction output for its ICL contexts: set serve.contexts "
+            "(`ctrlgen serve` runs the extraction job first when none is set)"
+        )
+    return path
+
+
+def references_path(cfg: CtrlgenConfig) -> str:
+    """The extraction output /v1/score compares with."""
+    return cfg.serve.references or contexts_path(cfg)
+
+
+@dataclass
+class _Item:
+    """One output waiting for a batch."""
+
+    work: Any  # ctrlgen.generation.icl.ModeRequest
+    adapter: str | None
+    gate: bool
+    mode: str
+    arrived: float = field(default_factory=time.monotonic)
+
+
+@serve.deployment(name="Generator", max_ongoing_requests=32)
+class Generator:
+    """Synthetic notes from (fictional) control codes: baseline, icl, icl_blocking, prefix."""
+
+    def __init__(self, cfg_json: str) -> None:
+        import torch
+
+        from ctrlgen.fictional import FictionalCodes
+        from ctrlgen.generation.engine import HFEngine
+        from ctrlgen.generation.report import finetune_values
+        from ctrlgen.generation.synthesis import SynthesisPlanner, corpus_values, load_pool_rows
+        from ctrlgen.models import load_causal_lm
+
+        t0 = time.perf_counter()
+        cfg = CtrlgenConfig.model_validate_json(cfg_json)
+        sv, g = cfg.serve, cfg.generation
+        if sv.torch_threads:
+            torch.set_num_threads(sv.torch_threads)
+        model, tokenizer = load_causal_lm(cfg.model)
+        self.engines: dict[str | None, HFEngine] = {
+            None: HFEngine(model, tokenizer, g.sampling, sv.generator_batch_size)
+        }
+        self.finetune: dict[str, list[str]] = {}
+        if sv.adapters:
+            from ctrlgen.training.prefix import load_prefix_model
+
+            for name, path in sv.adapters.items():
+                # Prefix tuning leaves the base model untouched: each adapter wraps the same weights.
+                self.engines[name] = HFEngine(
+                    load_prefix_model(model, path), tokenizer, g.sampling, sv.generator_batch_size
+                )
+                self.finetune[name] = finetune_values(Path(path).parent / "train_data")
+        src = contexts_path(cfg)
+        self.planner = SynthesisPlanner(
+            load_pool_rows(src, g),
+            tokenizer,
+            g,
+            FictionalCodes(g.seed, corpus_values(src), same_counts=g.same_counts),
+        )
+        self.gate = g.gate
+        self._batch.set_max_batch_size(sv.generator_batch_size)
+        self._batch.set_batch_wait_timeout_s(sv.generator_batch_wait_s)
+        logger.info(
+            "Generator ready: model %s, pool %d, adapters %d, batch %d (%.1f s)",
+            cfg.model.name, len(self.planner.pool), len(self.finetune), sv.generator_batch_size,
+            time.perf_counter() - t0,
+        )  # fmt: skip
+
+    def adapters(self) -> list[str]:
+        return sorted(self.finetune)
+
+    async def synthesize(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``req``: mode, n, seed, control_code, max_new_tokens, adapter (checked by the ingress)."""
+        mode, adapter = req["mode"], req.get("adapter")
+        planned = self.planner.plan(
+            mode,
+            n=req["n"],
+            seed=req["seed"],
+            control_code=req.get("control_code"),
+            max_new_tokens=req["max_new_tokens"],
+            finetune_values=self.finetune.get(adapter, []) if mode == "prefix" and adapter else (),
+        )
+        gate = self.gate.enabled and mode in self.gate.modes
+        items = [_Item(p.work, adapter if mode == "prefix" else None, gate, mode) for p in planned]
+        done = await asyncio.gather(*(self._batch(it) for it in items))
+        outputs = []
+        m = metrics()
+        for i, (p, (g, batch_size)) in enumerate(zip(planned, done, strict=True)):
+            res = g.result
+            out: dict[str, Any] = {
+                "index": i,
+                "released": g.released,
+                "text": res.text if g.released else None,
+                "fictional_code": p.fictional_code,
+                "context_ids": list(p.context_ids),
+                "template_id": p.template_id or None,
+                "attempts": g.attempts,
+                "new_tokens": res.new_tokens,
+                "finish": res.finish,
+                "batch_size": batch_size,
+            }
+            if not g.released:
+                out["withheld_reason"] = (
+                    f"generation failed: {res.error}"
+                    if res.error
+                    else f"still contained {len(g.leaked)} known private value(s) after {g.attempts} attempt(s)"
+                )
+            outputs.append(out)
+            m.inc(m.tokens, res.new_tokens, mode=mode)
+            m.inc(m.regenerations, g.attempts - 1, mode=mode)
+            m.inc(m.withheld, 0 if g.released else 1, mode=mode)
+            m.inc(m.leaks, 1 if g.leaked_first else 0, metric="gate_first")
+        return {
+            "mode": mode,
+            "adapter": adapter if mode == "prefix" else None,
+            "outputs": outputs,
+            "released": sum(o["released"] for o in outputs),
+            "withheld": sum(not o["released"] for o in outputs),
+            "regenerated": sum(o["attempts"] > 1 for o in outputs),
+            "gate": gate,
+        }
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.05)
+    async def _batch(self, items: list[_Item]) -> list[tuple[Any, int]]:
+        start = time.monotonic()
+        m = metrics()
+        m.batch_size.observe(len(items), tags={"deployment": "Generator"})
+        for it in items:
+            m.queue_wait.observe(start - it.arrived, tags={"deployment": "Generator"})
+        # The engine runs in a thread: the replica keeps accepting requests, which fill the next batch.
+        gated = await asyncio.to_thread(self._run, items)
+        logger.info("Generator batch: %d outputs in %.2f s", len(items), time.monotonic() - start)
+        return [(g, len(items)) for g in gated]
+
+    def _run(self, items: list[_Item]) -> list[Any]:
+        from ctrlgen.generation.gate import gated_generate
+
+        out: list[Any] = [None] * len(items)
+        groups: dict[str | None, list[int]] = {}
+        for i, it in enumerate(items):
+            groups.setdefault(it.adapter, []).append(i)
+        for adapter, idx in groups.items():  # one engine call per model (the base, or each prefix adapter)
+            gated = gated_generate(
+                self.engines[adapter],
+                [items[i].work.request for i in idx],
+                [items[i].work.known for i in idx],
+                max_retries=self.gate.max_retries,
+                enabled=[items[i].gate for i in idx],
+            )
+            for i, g in zip(idx, gated, strict=True):
+                out[i] = g
+        return out
+
+
+@serve.deployment(name="Extractor", max_ongoing_requests=32)
+class Extractor:
+    """Entities and control codes of submitted documents (known spans, or the unknown-setting engine)."""
+
+    def __init__(self, cfg_json: str) -> None:
+        from ctrlgen.extract import KnownExtractor, make_extractor
+
+        t0 = time.perf_counter()
+        cfg = CtrlgenConfig.model_validate_json(cfg_json)
+        self.corpus = cfg.corpus
+        unknown = cfg.extraction.model_copy(update={"setting": "unknown"})
+        self.known = KnownExtractor()
+        self.engine = make_extractor(unknown, cfg.nlp.spacy_model, cfg.corpus.identifiers)
+        self._batch.set_max_batch_size(cfg.serve.extractor_batch_size)
+        self._batch.set_batch_wait_timeout_s(cfg.serve.extractor_batch_wait_s)
+        logger.info("Extractor ready (%.1f s)", time.perf_counter() - t0)
+
+    async def extract(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Document rows (``doc_id`` unique per request, ``text``, ``entities`` or None) -> result rows."""
+        return list(await asyncio.gather(*(self._batch((time.monotonic(), r)) for r in rows)))
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.02)
+    async def _batch(self, items: list[tuple[float, dict[str, Any]]]) -> list[dict[str, Any]]:
+        start = time.monotonic()
+        m = metrics()
+        m.batch_size.observe(len(items), tags={"deployment": "Extractor"})
+        for arrived, _ in items:
+            m.queue_wait.observe(start - arrived, tags={"deployment": "Extractor"})
+        return await asyncio.to_thread(self._run, [r for _, r in items])
+
+    def _run(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from ctrlgen.extract.stage import extract_rows
+
+        known = [{**r, "metadata": "{}"} for r in rows if r["entities"] is not None]
+        unknown = [{**r, "metadata": "{}", "entities": []} for r in rows if r["entities"] is None]
+        by_id: dict[str, dict[str, Any]] = {}
+        for part, engine in ((known, self.known), (unknown, self.engine)):
+            if part:
+                for row in extract_rows(part, engine, self.corpus, "documents", "request").to_pylist():
+                    by_id[row["doc_id"]] = row
+        return [by_id[r["doc_id"]] for r in rows]
+
+
+@serve.deployment(name="ScorerShard", max_ongoing_requests=16)
+class ScorerShard:
+    """Shard ``shard`` of the reference index (documents by id, values by value)."""
+
+    def __init__(self, cfg_json: str, shard: int, n_shards: int) -> None:
+        from ctrlgen.metrics.shard import ReferenceShard, iter_references
+
+        t0 = time.perf_counter()
+        cfg = CtrlgenConfig.model_validate_json(cfg_json)
+        self.index = ReferenceShard(iter_references(references_path(cfg)), shard, n_shards)
+        logger.info(
+            "ScorerShard %d/%d ready: %d documents, %d values (%.1f s)",
+            shard, n_shards, len(self.index.doc_ids), self.index.n_values, time.perf_counter() - t0,
+        )  # fmt: skip
+
+    def info(self) -> dict[str, Any]:
+        return {**self.index.summary(), "corpus_documents": self.index.corpus_documents}
+
+    async def score(self, texts: list[str]) -> list[Any]:
+        return await asyncio.to_thread(self.index.score, texts)
+
+
+@serve.deployment(name="Scorer", max_ongoing_requests=32)
+class Scorer:
+    """Fans a scoring request out to every shard and merges the answers exactly."""
+
+    def __init__(self, shards: list[Any]) -> None:
+        self.shards = shards
+        self._info: list[dict[str, Any]] | None = None
+
+    async def score(self, texts: list[str]) -> dict[str, Any]:
+        from ctrlgen.metrics.shard import corpus_leakage, merge_shard_scores
+
+        if self._info is None:
+            self._info = list(await asyncio.gather(*(h.info.remote() for h in self.shards)))
+        per_shard = await asyncio.gather(*(h.score.remote(texts) for h in self.shards))
+        merged = merge_shard_scores(per_shard)
+        n_values = sum(i["values"] for i in self._info)
+        summary = corpus_leakage(merged, n_values)
+        m = metrics()
+        m.inc(m.leaks, sum(1 for s in merged if s.n_leaked), metric="score_texts")
+        m.inc(m.leaks, len(frozenset().union(*(s.leaked for s in merged))), metric="score_values")
+        return {
+            "texts": [
+                {
+                    "leaked_values": s.n_leaked,
+                    "rouge2": s.rouge2,
+                    "rouge2_doc": s.rouge2_doc or None,
+                    "rougeL": s.rougeL,
+                    "rougeL_doc": s.rougeL_doc or None,
+                }
+                for s in merged
+            ],
+            **summary,
+            "reference": {
+                "documents": self._info[0]["corpus_documents"],
+                "values": n_values,
+                "shards": len(self.shards),
+            },
+        }
