@@ -76,6 +76,24 @@ def cmd_codes(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet_ray() -> None:
+    """One progress line per stage: no Ray Data operator-state dumps, Serve replica logs to their files only.
+
+    Ray Data logs every operator's state every few seconds when stdout is not a terminal; the
+    jobs print their own progress. Serve replicas write their logs under the session's
+    logs/serve/ (and the dashboard) instead of the driver's terminal. Set before Ray starts.
+    """
+    import logging
+    import os
+
+    os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+
 def cmd_demo(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     """The main job on the embedded default: the stages that exist, end to end."""
     from ctrlgen.demo import write_demo_corpus
@@ -83,17 +101,18 @@ def cmd_demo(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     from ray_jobs.extract import run
     from ray_jobs.generate import run as run_generate
 
+    _quiet_ray()
     n = cfg.demo_corpus.n_notes
-    print(f"== 1/4 demo corpus: {n:,} MIMIC-format notes (seed {cfg.demo_corpus.seed})")
+    print(f"== 1/5 demo corpus: {n:,} MIMIC-format notes (seed {cfg.demo_corpus.seed})")
     print(f"   {write_demo_corpus(cfg.demo_corpus)}")
-    print(f"== 2/4 entity extraction on Ray ({cfg.extraction.setting} setting, {cfg.extraction.num_actors} actors)")
+    print(f"== 2/5 entity extraction on Ray ({cfg.extraction.setting} setting, {cfg.extraction.num_actors} actors)")
     summary = run(cfg)
     print(summary.text())
-    print("== 3/4 control codes of the first documents")
+    print("== 3/5 control codes of the first documents")
     _print_extracted_codes(cfg, Path(summary.output))
     g = cfg.generation
     print(
-        f"== 4/4 ICL generation on Ray ({cfg.model.name}, {g.num_documents or 'all'} documents, "
+        f"== 4/5 ICL generation on Ray ({cfg.model.name}, {g.num_documents or 'all'} documents, "
         f"modes {', '.join(g.modes)}, {g.num_actors} actors)"
     )
     cfg = cfg.model_copy(update={"generation": g.model_copy(update={"input": summary.output})})
@@ -102,8 +121,104 @@ def cmd_demo(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     released = [r for r in read_generated(gen.output) if r["mode"] != "baseline" and r["released"]]
     for row in released[: min(cfg.show, 1)]:
         print(f"--- synthetic note ({row['mode']}) for the fictional code\n{row['fictional_code']}\n---\n{row['text']}")
+    print("== 5/5 the synthesis service on Ray Serve (configs/serve/demo.yaml): start, a few requests, stop")
+    _demo_service(cfg, args, str(Path(summary.output).resolve()))
     print("done; outputs in", cfg.output_dir)
     return 0
+
+
+def _serve_contexts(cfg: CtrlgenConfig) -> str:
+    """The extraction output the service reads (absolute); runs the extraction job when none is configured."""
+    given = cfg.serve.contexts or cfg.generation.context_input or cfg.generation.input
+    if given is None:
+        from ray_jobs.extract import run
+
+        print("serve: no extraction output configured (serve.contexts); running the extraction job first")
+        summary = run(cfg)
+        print(summary.text())
+        given = summary.output
+    return str(Path(given).resolve())
+
+
+def _start_service(cfg: CtrlgenConfig, args: argparse.Namespace, extra: list[str]) -> object:
+    from serve.launch import init_ray, start_service
+
+    init_ray(cfg)
+    overrides = [*args.overrides, *extra]
+    return start_service(cfg, args.serve_config, args.config, overrides, port=args.port)
+
+
+def cmd_serve(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+    """Start the service (a private local cluster by default), print how to call it, serve until stopped."""
+    from serve.launch import stop_service
+
+    contexts = _serve_contexts(cfg)
+    svc = _start_service(cfg, args, [f"serve.contexts={contexts}"])
+    url, token_file = svc.url, svc.token_file  # type: ignore[attr-defined]
+    print(f"serving on {url} (OpenAPI: {url}/docs); bearer token in {token_file}")
+    print(
+        f"  curl -s -H \"Authorization: Bearer $(cat {token_file})\" -H 'Content-Type: application/json' "
+        f'-d \'{{"n": 1, "seed": 7, "max_new_tokens": 48}}\' {url}/v1/synthesize'
+    )
+    try:
+        if args.duration is not None:
+            print(f"stopping after {args.duration:g} s")
+            time.sleep(args.duration)
+        else:
+            print("Ctrl-C stops the service")
+            while True:
+                time.sleep(3600)
+    finally:
+        stop_service()
+        print("service stopped")
+    return 0
+
+
+def _demo_service(cfg: CtrlgenConfig, demo_args: argparse.Namespace, contexts: str) -> None:
+    """Start the service on the demo's extraction output, send a few requests, print the answers, stop it."""
+    import concurrent.futures as cf
+
+    from serve.launch import http, stop_service
+
+    args = argparse.Namespace(
+        serve_config="configs/serve/demo.yaml", config=demo_args.config, overrides=demo_args.overrides, port=None
+    )
+    svc = _start_service(cfg, args, [f"serve.contexts={contexts}"])
+    url, token = svc.url, svc.token  # type: ignore[attr-defined]
+    try:
+        print(f"   service on {url}; GET /healthz -> {http('GET', url + '/healthz')[0]}")
+        print(f"   POST /v1/synthesize without a token -> {http('POST', url + '/v1/synthesize', {})[0]}")
+        doc = "Seen by Dr. Maria Lopez on 12/03/2104; pt's husband John called from Springfield."
+        status, ext = http("POST", url + "/v1/extract", {"documents": [{"text": doc}]}, token)
+        print(f"   POST /v1/extract -> {status}; control code:")
+        print("     " + (ext["documents"][0].get("control_code") or "(none)").replace("\n", "\n     "))
+        reqs = [{"n": 1, "seed": s, "max_new_tokens": 48} for s in (1, 2, 3)]
+        with cf.ThreadPoolExecutor(len(reqs)) as pool:
+            answers = list(pool.map(lambda r: http("POST", url + "/v1/synthesize", r, token), reqs))
+        for (status, ans), r in zip(answers, reqs, strict=True):
+            if status != 200:
+                print(f"   POST /v1/synthesize seed {r['seed']} -> {status}: {ans.get('error')}")
+                continue
+            o = ans["outputs"][0]
+            print(
+                f"   POST /v1/synthesize seed {r['seed']} -> {status}: mode {ans['mode']}, batch of {o['batch_size']}, "
+                f"{o['new_tokens']} tokens, {'released' if o['released'] else 'withheld'}, {ans['seconds']:.1f} s"
+            )
+        status, ans = answers[0]
+        if status == 200 and ans["outputs"][0]["released"]:
+            o = ans["outputs"][0]
+            print(f"   --- fictional code\n{o['fictional_code']}\n   --- synthetic note\n{o['text']}")
+        texts = [a["outputs"][0]["text"] for s, a in answers if s == 200 and a["outputs"][0]["released"]]
+        if texts:
+            status, sc = http("POST", url + "/v1/score", {"texts": texts}, token)
+            print(
+                f"   POST /v1/score ({len(texts)} texts vs {sc['reference']['documents']:,} notes in "
+                f"{sc['reference']['shards']} shards) -> {status}: PIPP {sc['pipp']:.2f}, ELP {sc['elp']:.4f}, "
+                f"ROUGE-2 {sc['rouge2']:.3f}, ROUGE-L {sc['rougeL']:.3f}"
+            )
+    finally:
+        stop_service()
+        print("   service stopped")
 
 
 def _print_extracted_codes(cfg: CtrlgenConfig, extracted: Path) -> None:
@@ -277,6 +392,11 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
         "The experiment matrix {baseline, icl, icl_blocking, prefix, prefix_masked} x {known, unknown} x "
         "seeds: extraction, patient split, training, generation, evaluation; writes results.json / .md / .png.",
     ),
+    "serve": (
+        cmd_serve,
+        "Start the synthesis service (Ray Serve: /v1/synthesize, /v1/extract, /v1/score) from a Serve config "
+        "file on a private local cluster (or ray.address) and serve until Ctrl-C; see docs/serving.md.",
+    ),
     "leakage": (cmd_leakage, "PIPP/ELP per mode of generated Parquet output (recomputed from the text)."),
     "assets": (cmd_assets, "Load the offline spaCy pipeline and sentence encoder to check they are installed."),
     "config": (cmd_config, "Print the resolved config (file + overrides + defaults) as YAML."),
@@ -310,6 +430,12 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--tab", default="../shared/data/tab", help="TAB JSON file or directory.")
             sp.add_argument("--out", default="docs/extraction.md", help="Markdown file to write.")
             sp.add_argument("--limit", type=int, default=None, help="Only the first N PhysioNet notes.")
+        if name == "serve":
+            sp.add_argument(
+                "--serve-config", default="configs/serve/demo.yaml", help="Ray Serve config file (deployments)."
+            )
+            sp.add_argument("--port", type=int, default=None, help="HTTP port (default: the Serve config's).")
+            sp.add_argument("--for", dest="duration", type=float, default=None, help="Stop after this many seconds.")
         if name == "leakage":
             sp.add_argument("--input", default=None, help="Generated output (default <output_dir>/generated).")
             sp.add_argument("--format", choices=("markdown", "json"), default="markdown", help="Table format.")

@@ -1,0 +1,290 @@
+"""The synthesis service on a local Ray cluster started by the tests: real Serve HTTP endpoint, tiny model.
+
+One cluster and one deployment of configs/serve/tiny.yaml serve the whole module; the tests that
+change the deployment's state (replica kill, autoscaling) run last and wait for it to settle.
+Every load loop here is bounded in count and time and targets 127.0.0.1 only.
+"""
+
+import concurrent.futures as cf
+import os
+import re
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ctrlgen.config import load_config
+from ctrlgen.metrics.leakage import leaked_values
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+PLANTED = "Zyxwquorpl Vantablack-7731"  # appears in request bodies; must never reach a log file
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, shared):
+    """Extraction output of 200 PhysioNet notes (known setting) -> the service on a private cluster."""
+    ray = pytest.importorskip("ray")
+    from ctrlgen.corpora import load_corpus
+    from ctrlgen.extract import KnownExtractor
+    from ctrlgen.extract.stage import extract_rows
+    from serve.launch import start_service, stop_service
+
+    tmp = tmp_path_factory.mktemp("serve")
+    cfg = load_config(ROOT / "configs/serve_tiny.yaml", [f"corpus.path={shared / 'physionet-deid'}"])
+    docs, _, _ = load_corpus(cfg.corpus)
+    table = extract_rows([d.to_row() for d in docs], KnownExtractor(), cfg.corpus, "documents")
+    table = table.filter(pa.compute.equal(table.column("status"), "ok"))
+    (tmp / "extracted" / "status=ok").mkdir(parents=True)
+    pq.write_table(table, tmp / "extracted" / "status=ok" / "part-0.parquet")
+    (tmp / "token").write_text("t0ken-for-the-serve-tests-" + os.urandom(8).hex())
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    metrics_port = _free_port()
+    ray.init(
+        address="local", num_cpus=6, include_dashboard=False, configure_logging=False, _metrics_export_port=metrics_port
+    )
+    overrides = [f"corpus.path={shared / 'physionet-deid'}", f"serve.contexts={tmp / 'extracted'}",
+                 f"serve.token_file={tmp / 'token'}"]  # fmt: skip
+    cfg = load_config(ROOT / "configs/serve_tiny.yaml", overrides)
+    svc = start_service(cfg, ROOT / "configs/serve/tiny.yaml", str(ROOT / "configs/serve_tiny.yaml"), overrides,
+                        port=_free_port())  # fmt: skip
+    svc.metrics_port = metrics_port
+    svc.extracted = tmp / "extracted"
+    yield svc
+    stop_service()
+    ray.shutdown()
+
+
+def call(svc, path, body=None, token=True, method=None, timeout=120):
+    from serve.launch import http
+
+    return http(method or ("POST" if body is not None else "GET"), svc.url + path, body,
+                svc.token if token else None, timeout)  # fmt: skip
+
+
+def concurrently(fn, args, workers=16):
+    with cf.ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(fn, args))
+
+
+def test_health_needs_no_token_and_every_other_route_does(service):
+    assert call(service, "/healthz", token=False) == (200, {"status": "ok"})
+    for path, body in [("/v1/synthesize", {}), ("/v1/extract", {"documents": [{"text": "x"}]}),
+                       ("/v1/score", {"texts": ["x"]}), ("/v1/adapters", None)]:  # fmt: skip
+        status, ans = call(service, path, body, token=False)
+        assert status == 401 and "bearer token" in ans["error"], path
+    from serve.launch import http
+
+    assert http("GET", service.url + "/v1/adapters", token="wrong-" + service.token)[0] == 401
+    with urllib.request.urlopen(service.url + "/openapi.json", timeout=30) as r:
+        assert "/v1/synthesize" in r.read().decode()
+
+
+def test_malformed_and_oversized_requests_get_clear_json_errors(service):
+    status, ans = call(service, "/v1/synthesize", {"n": "many", "secret": PLANTED})
+    assert status == 422 and {d["loc"] for d in ans["detail"]} == {"body.n", "body.secret"}
+    assert PLANTED not in str(ans)  # validation errors never echo the input
+    assert call(service, "/v1/synthesize", {"n": 99})[0] == 422  # over serve.max_outputs
+    status, ans = call(service, "/v1/synthesize", {"control_code": "no categories here"})
+    assert status == 422 and "CATEGORY" in ans["error"]
+    status, ans = call(service, "/v1/extract", {"documents": [{"text": "Pt Alice", "entities": [
+        {"start": 3, "end": 40, "category": "PERSON"}]}]})  # fmt: skip
+    assert status == 422 and "documents[0].entities[0]" in ans["error"] and "outside the text" in ans["error"]
+    status, ans = call(service, "/v1/score", {"texts": ["a" * 20_001]})
+    assert status == 413 and "texts[0]" in ans["error"]
+    status, ans = call(service, "/v1/score", {"texts": ["word " * 250_000]})  # a body over max_body_bytes
+    assert status == 413 and "over the limit" in ans["error"]
+    status, ans = call(service, "/v1/synthesize", {"mode": "prefix", "adapter": "nope"})
+    assert status == 404 and ans["known_adapters"] == []
+
+
+def test_concurrent_requests_share_batches_and_answers_do_not_depend_on_companions(service):
+    alone = call(service, "/v1/synthesize", {"seed": 5, "mode": "icl_blocking", "max_new_tokens": 16})[1]
+    assert alone["outputs"][0]["batch_size"] == 1
+    mixed = [{"seed": 5, "mode": "icl_blocking", "max_new_tokens": 16}] + [
+        {"seed": 100 + i, "mode": ("icl", "icl_blocking", "baseline")[i % 3], "max_new_tokens": 8 + i} for i in range(7)
+    ]
+    answers = concurrently(lambda b: call(service, "/v1/synthesize", b), mixed)
+    assert all(s == 200 for s, _ in answers)
+    sizes = [a["outputs"][0]["batch_size"] for _, a in answers]
+    assert max(sizes) > 1, sizes  # observed, not assumed
+    together = answers[0][1]["outputs"][0]
+    assert together["batch_size"] > 1
+    for key in ("text", "fictional_code", "context_ids", "new_tokens"):
+        assert together[key] == alone["outputs"][0][key], key
+    assert [a["outputs"][0]["new_tokens"] <= b["max_new_tokens"] for (_, a), b in zip(answers, mixed)]
+
+
+def test_blocking_holds_per_row_inside_a_mixed_batch(service):
+    from ctrlgen.corpora import load_corpus  # noqa: F401  (values come from the extraction output below)
+    from ctrlgen.generation.synthesis import iter_extracted
+
+    values = {}
+    for rows in iter_extracted(service.extracted):
+        for r in rows:
+            from ctrlgen.codes import parse_control_code
+            from ctrlgen.fictional import code_values
+
+            values[r["doc_id"]] = code_values(parse_control_code(r["control_code"] or ""))
+    bodies = [{"seed": s, "mode": "icl_blocking" if s % 2 else "icl", "n": 2, "max_new_tokens": 24} for s in range(8)]
+    answers = concurrently(lambda b: call(service, "/v1/synthesize", b), bodies)
+    seen_batch = 0
+    for (status, ans), body in zip(answers, bodies, strict=True):
+        assert status == 200
+        for o in ans["outputs"]:
+            seen_batch = max(seen_batch, o["batch_size"])
+            ctx_values = [v for c in o["context_ids"] for v in values[c]]
+            assert not leaked_values(o["fictional_code"], ctx_values)
+            if body["mode"] == "icl_blocking" and o["released"]:
+                assert not leaked_values(o["text"], ctx_values)
+            if not o["released"]:
+                assert o["text"] is None and "known private value" in o["withheld_reason"]
+    assert seen_batch > 2
+
+
+def test_extract_uses_sent_spans_or_the_unknown_engine(service):
+    text = "Seen by Dr. John Smith on 3/4/2005."
+    docs = [{"id": "a", "text": text}, {"id": "b", "text": "Pt Alice here", "entities": [
+        {"start": 3, "end": 8, "category": "PERSON"}]}, {"id": "c", "text": "   "}]  # fmt: skip
+    status, ans = call(service, "/v1/extract", {"documents": docs})
+    assert status == 200
+    a, b, c = ans["documents"]
+    assert a["id"] == "a" and {e["category"] for e in a["entities"]} >= {"PERSON", "DATETIME"}
+    assert all(e["source"] != "request" for e in a["entities"])
+    assert b["control_code"] == "PERSON: Alice" and b["entities"][0]["source"] == "request"
+    assert c["status"] == "quarantined" and c["reason"] == "empty document"
+
+
+def test_sharded_scores_equal_the_whole_corpus_metrics(service):
+    from ctrlgen.metrics.leakage import elp_finetune, pipp_finetune
+    from ctrlgen.metrics.rouge import RougeIndex
+    from ctrlgen.metrics.shard import iter_references
+
+    refs = list(iter_references(service.extracted))
+    texts = [refs[3][1][:300], "Patient stable overnight, plan to continue heparin.", refs[10][1][:80] + " and more"]
+    status, ans = call(service, "/v1/score", {"texts": texts})
+    assert status == 200 and ans["reference"]["shards"] == 2 and ans["reference"]["documents"] == len(refs)
+    index = RougeIndex([r[1] for r in refs])
+    for text, got in zip(texts, ans["texts"], strict=True):
+        best = index.best(text)
+        assert got["rouge2"] == pytest.approx(best.rouge2) and got["rougeL"] == pytest.approx(best.rougeL)
+    values = [v for r in refs for v in r[2]]
+    assert ans["pipp"] == pytest.approx(pipp_finetune(texts, values))
+    assert ans["elp"] == pytest.approx(elp_finetune(texts, values))
+    assert ans["texts"][0]["leaked_values"] > 0 and "leaked" not in ans["texts"][0]  # counts, never values
+
+
+def test_metrics_reach_the_prometheus_endpoint(service):
+    call(service, "/v1/synthesize", {"seed": 1, "max_new_tokens": 4})
+    wanted = ["ctrlgen_serve_requests", "ctrlgen_serve_request_seconds", "ctrlgen_serve_batch_size",
+              "ctrlgen_serve_queue_wait_seconds", "ctrlgen_serve_tokens_generated"]  # fmt: skip
+    deadline, text = time.monotonic() + 60, ""
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{service.metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        if all(w in text for w in wanted):
+            break
+        time.sleep(2)
+    missing = [w for w in wanted if w not in text]
+    assert not missing, missing
+    assert re.search(r'ctrlgen_serve_requests_total\{[^}]*route="/v1/synthesize"[^}]*status="200"', text)
+
+
+def test_queue_overflow_answers_503_with_a_retry_hint(service):
+    bodies = [{"seed": i, "n": 8, "max_new_tokens": 64} for i in range(48)]
+    answers = concurrently(lambda b: call(service, "/v1/synthesize", b), bodies, workers=48)
+    codes = [s for s, _ in answers]
+    assert set(codes) <= {200, 503} and 503 in codes and 200 in codes, codes
+    busy = next(a for s, a in answers if s == 503)
+    assert busy["retryable"] is True and "capacity" in busy["error"]
+
+
+def test_no_request_text_reaches_the_log_files(service):
+    import ray
+
+    call(service, "/v1/extract", {"documents": [{"text": f"Seen by {PLANTED} today."}]})
+    call(service, "/v1/score", {"texts": [f"{PLANTED} was here"]})
+    call(service, "/v1/synthesize", {"control_code": f"PERSON: {PLANTED}", "max_new_tokens": 4})
+    call(service, "/v1/synthesize", {"control_code": f"PERSON: {PLANTED}", "n": "x"})
+    time.sleep(2)
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+    files = [f for f in logs.rglob("*") if f.is_file()]
+    assert any("serve" in str(f) for f in files)
+    hits = [str(f) for f in files if PLANTED.encode() in f.read_bytes()]
+    assert not hits, hits
+
+
+def _replicas(name="Generator"):
+    from ray import serve
+
+    dep = serve.status().applications["ctrlgen"].deployments[name]
+    return dep.replica_states.get("RUNNING", 0)
+
+
+def test_a_killed_replica_under_load_loses_no_request_and_recovers(service):
+    import ray
+
+    def one(i):
+        t0 = time.monotonic()
+        status, ans = call(service, "/v1/synthesize", {"seed": i, "max_new_tokens": 48}, timeout=150)
+        return status, ans, time.monotonic() - t0
+
+    with cf.ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(one, i) for i in range(12)]
+        time.sleep(1.0)
+        actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if "Generator" in a["name"]]
+        assert actors
+        ray.kill(ray.get_actor(actors[0]["name"], namespace=actors[0]["namespace"]), no_restart=True)
+        results = [f.result(timeout=170) for f in futures]  # none hangs
+    assert len(results) == 12  # one answer per request
+    for status, ans, _ in results:
+        assert status in (200, 503), (status, ans)
+        if status == 503:
+            assert ans["retryable"] is True and ans["error"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if call(service, "/v1/synthesize", {"seed": 1, "max_new_tokens": 4}, timeout=60)[0] == 200:
+            break
+        time.sleep(2)
+    else:
+        pytest.fail("the service did not recover within 120 s")
+
+
+def test_generator_scales_to_two_replicas_under_load_and_back(service):
+    deadline = time.monotonic() + 120
+    while _replicas() != 1 and time.monotonic() < deadline:
+        time.sleep(2)  # settle after the previous test
+    assert _replicas() == 1
+    stop = time.monotonic() + 90
+    peak = 1
+
+    def client(i):
+        nonlocal peak
+        k = 0
+        while time.monotonic() < stop and peak < 2:
+            call(service, "/v1/synthesize", {"seed": 1000 * i + k, "max_new_tokens": 32}, timeout=60)
+            k += 1
+        return k
+
+    with cf.ThreadPoolExecutor(9) as pool:
+        futures = [pool.submit(client, i) for i in range(8)]
+        while time.monotonic() < stop and peak < 2:
+            peak = max(peak, _replicas())
+            time.sleep(1)
+        sent = sum(f.result(timeout=120) for f in futures)
+    assert peak == 2, f"still one replica after {sent} requests"
+    deadline = time.monotonic() + 90
+    while _replicas() > 1 and time.monotonic() < deadline:
+        time.sleep(2)
+    assert _replicas() == 1

@@ -1,0 +1,35 @@
+"""The shipped Serve config files are valid Ray Serve configs with the options the service needs."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ctrlgen.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = sorted((ROOT / "configs" / "serve").glob("*.yaml"))
+
+
+def test_there_are_serve_configs():
+    assert {f.name for f in FILES} >= {"demo.yaml", "tiny.yaml"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_serve_config_is_valid_and_every_deployment_autoscales(path):
+    from ray.serve.schema import ServeDeploySchema
+
+    data = yaml.safe_load(path.read_text())
+    schema = ServeDeploySchema.model_validate(data)
+    (app,) = schema.applications
+    assert app.import_path == "serve.app:build_app"
+    cfg = load_config(ROOT / app.args["config"], app.args.get("overrides") or [])
+    names = {d.name for d in app.deployments}
+    shards = {f"ScorerShard{i}" for i in range(cfg.serve.scorer_shards)}
+    assert names == {"Api", "Generator", "Extractor", "Scorer"} | shards
+    batch = {"Generator": cfg.serve.generator_batch_size, "Extractor": cfg.serve.extractor_batch_size}
+    for d in app.deployments:
+        auto = d.autoscaling_config
+        assert auto and auto["min_replicas"] >= 1 and auto["max_replicas"] >= auto["min_replicas"], d.name
+        assert d.max_ongoing_requests >= batch.get(d.name, 1), d.name
+        assert d.max_queued_requests and d.max_queued_requests > 0, d.name

@@ -1,0 +1,53 @@
+"""Sharded reference scoring merges to exactly the whole-corpus metrics (no Ray)."""
+
+import random
+
+import pytest
+
+from ctrlgen.config import PhysionetCorpusConfig
+from ctrlgen.corpora import load_corpus
+from ctrlgen.metrics.leakage import elp_finetune, leaked_values, pipp_finetune
+from ctrlgen.metrics.rouge import RougeIndex
+from ctrlgen.metrics.shard import ReferenceShard, corpus_leakage, merge_shard_scores, shard_of
+
+
+@pytest.fixture(scope="module")
+def refs(shared):
+    docs, _, _ = load_corpus(PhysionetCorpusConfig(path=str(shared / "physionet-deid"), limit=120))
+    return [(d.doc_id, d.text, tuple(sorted({e.text for e in d.entities}))) for d in docs]
+
+
+def _texts(refs):
+    rng = random.Random(0)
+    texts = []
+    for _ in range(12):
+        doc = refs[rng.randrange(len(refs))][1]
+        i = rng.randrange(max(1, len(doc) - 200))
+        texts.append(doc[i : i + 200] + " Patient is stable.")
+    return [*texts, "Nothing from the corpus here at all.", ""]
+
+
+@pytest.mark.parametrize("n_shards", [1, 2, 3, 5])
+def test_merged_shards_equal_the_whole_corpus(refs, n_shards):
+    texts = _texts(refs)
+    shards = [ReferenceShard(refs, i, n_shards) for i in range(n_shards)]
+    assert sum(len(s.doc_ids) for s in shards) == len(refs)
+    values = [v for r in refs for v in r[2]]
+    assert sum(s.n_values for s in shards) == len({v.casefold() for v in values if v.strip()})
+    merged = merge_shard_scores([s.score(texts) for s in shards])
+    whole = RougeIndex([r[1] for r in refs])
+    for text, m in zip(texts, merged, strict=True):
+        best = whole.best(text)
+        assert m.rouge2 == pytest.approx(best.rouge2) and m.rougeL == pytest.approx(best.rougeL)
+        assert m.leaked == frozenset(leaked_values(text, values))
+    summary = corpus_leakage(merged, sum(s.n_values for s in shards))
+    assert summary["pipp"] == pytest.approx(pipp_finetune(texts, values))
+    assert summary["elp"] == pytest.approx(elp_finetune(texts, values))
+    assert summary["pipp"] > 0
+
+
+def test_shard_numbers_are_stable_and_in_range():
+    assert [shard_of(f"k{i}", 4) for i in range(6)] == [shard_of(f"k{i}", 4) for i in range(6)]
+    assert all(0 <= shard_of(str(i), 3) < 3 for i in range(100))
+    with pytest.raises(ValueError):
+        ReferenceShard([], 2, 2)
