@@ -123,19 +123,17 @@ def test_concurrent_requests_share_batches_and_answers_do_not_depend_on_companio
     assert together["batch_size"] > 1
     for key in ("text", "fictional_code", "context_ids", "new_tokens"):
         assert together[key] == alone["outputs"][0][key], key
-    assert [a["outputs"][0]["new_tokens"] <= b["max_new_tokens"] for (_, a), b in zip(answers, mixed)]
+    assert all(a["outputs"][0]["new_tokens"] <= b["max_new_tokens"] for (_, a), b in zip(answers, mixed, strict=True))
 
 
 def test_blocking_holds_per_row_inside_a_mixed_batch(service):
-    from ctrlgen.corpora import load_corpus  # noqa: F401  (values come from the extraction output below)
+    from ctrlgen.codes import parse_control_code
+    from ctrlgen.fictional import code_values
     from ctrlgen.generation.synthesis import iter_extracted
 
     values = {}
     for rows in iter_extracted(service.extracted):
         for r in rows:
-            from ctrlgen.codes import parse_control_code
-            from ctrlgen.fictional import code_values
-
             values[r["doc_id"]] = code_values(parse_control_code(r["control_code"] or ""))
     bodies = [{"seed": s, "mode": "icl_blocking" if s % 2 else "icl", "n": 2, "max_new_tokens": 24} for s in range(8)]
     answers = concurrently(lambda b: call(service, "/v1/synthesize", b), bodies)
