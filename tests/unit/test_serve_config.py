@@ -33,3 +33,15 @@ def test_serve_config_is_valid_and_every_deployment_autoscales(path):
         assert auto and auto["min_replicas"] >= 1 and auto["max_replicas"] >= auto["min_replicas"], d.name
         assert d.max_ongoing_requests >= batch.get(d.name, 1), d.name
         assert d.max_queued_requests and d.max_queued_requests > 0, d.name
+
+
+def test_the_grafana_dashboard_charts_every_service_metric():
+    import json
+    import re
+
+    source = (ROOT / "serve" / "metrics.py").read_text()
+    names = set(re.findall(r'"(ctrlgen_serve_[a-z_]+)"', source))
+    dashboard = json.loads((ROOT / "cluster" / "monitoring" / "ctrlgen_serve_grafana.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    assert len(names) == 8
+    assert not [n for n in names if f"ray_{n}" not in exprs]
