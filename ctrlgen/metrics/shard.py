@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ctrlgen.errors import CtrlgenError
 from ctrlgen.metrics.leakage import leaked_values, normalize_value, value_matcher
 from ctrlgen.metrics.rouge import RougeIndex
 
@@ -61,20 +60,12 @@ def iter_references(path: str | Path, batch_rows: int = 4096) -> Iterator[Refere
     Values are those of the document's control code (what the release gate and the
     fictional codes use), so the scorer and the gate agree on what a private value is.
     """
-    import pyarrow.dataset as pads
-
     from ctrlgen.codes import parse_control_code
     from ctrlgen.fictional import code_values
+    from ctrlgen.generation.synthesis import iter_extracted
 
-    root = Path(path)
-    if (root / "status=ok").is_dir():
-        root = root / "status=ok"
-    files = sorted(str(f) for f in root.rglob("*.parquet")) if root.is_dir() else []
-    if not files:
-        raise CtrlgenError(f"reference corpus {root} holds no Parquet files (an extraction output is expected)")
-    ds = pads.dataset(files, format="parquet")
-    for batch in ds.to_batches(columns=["doc_id", "text", "control_code"], batch_size=batch_rows):
-        for row in batch.to_pylist():
+    for rows in iter_extracted(path, batch_rows):
+        for row in rows:
             yield str(row["doc_id"]), row["text"] or "", code_values(parse_control_code(row["control_code"] or ""))
 
 
