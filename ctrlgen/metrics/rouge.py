@@ -20,10 +20,13 @@ For ROUGE-L, references are then scored exactly in decreasing order of their bou
 stopping when the best exact score reached is >= the next bound. The exact LCS
 length there comes from a bit-parallel algorithm (Allison-Dix / Hyyrö: one
 big-integer add per token, ~200x faster than rouge_score's pure-Python table,
-equal to it on every pair the tests draw). The best reference of each kind is
-finally scored by rouge_score itself, which gives the reported value. The result
-is the brute-force maximum (tests check it on random sets against rouge_score on
-every pair).
+equal to it on every pair the tests draw). The reported F1 of the best reference
+is computed from the exact counts with rouge_score's own arithmetic
+(:func:`_fmeasure`: the same precision, recall and F-measure expressions), so it is
+bit-identical to what rouge_score returns without running its pure-Python LCS table
+(which cost more than the search itself, and was paid once per shard by the sharded
+scorer). The result is the brute-force maximum (tests check it on random sets
+against rouge_score on every pair, with ``==``).
 
 Example:
     >>> idx = RougeIndex(["the cat sat on the mat", "a dog ran"])
@@ -66,6 +69,21 @@ def _tokenizer() -> Any:
 def tokenize(text: str) -> list[str]:
     """rouge_score's default tokens (what the F1 counts)."""
     return list(_tokenizer().tokenize(text))
+
+
+def _fmeasure(overlap: int, n_candidate: int, n_reference: int, floor: int = 0) -> float:
+    """rouge_score's F1 from an overlap count, with its exact float operations.
+
+    ``floor=1`` is its n-gram variant (denominators ``max(count, 1)``); ``floor=0`` its
+    LCS variant (0 when either side has no tokens).
+    """
+    if floor == 0 and (n_candidate == 0 or n_reference == 0):
+        return 0.0
+    precision = overlap / max(n_candidate, floor)
+    recall = overlap / max(n_reference, floor)
+    if precision + recall > 0:
+        return float(2 * precision * recall / (precision + recall))
+    return 0.0
 
 
 def rouge_pair(reference: str, candidate: str) -> tuple[float, float]:
@@ -139,29 +157,35 @@ class RougeIndex:
     def __len__(self) -> int:
         return len(self.references)
 
-    def _lcs_search(self, toks: list[str], bound: np.ndarray) -> tuple[int, int]:
-        """(best reference by LCS F1, exact LCS computations) in decreasing bound order."""
-        best, best_i, calls = 0.0, -1, 0
+    def _lcs_search(self, toks: list[str], bound: np.ndarray) -> tuple[int, int, int]:
+        """(best reference by LCS F1, its LCS length, exact LCS computations) in decreasing bound order."""
+        best, best_i, best_lcs, calls = 0.0, -1, 0, 0
         for i in np.argsort(-bound, kind="stable"):
             if bound[i] <= 0.0 or (best_i >= 0 and best >= bound[i] + 1e-12):
                 break
             calls += 1
             ref = self._toks[i]
-            f = 2.0 * lcs_length(ref, toks) / (len(ref) + len(toks))
+            lcs = lcs_length(ref, toks)
+            f = 2.0 * lcs / (len(ref) + len(toks))
             if f > best or best_i < 0:
-                best, best_i = f, int(i)
-        return best_i, calls
+                best, best_i, best_lcs = f, int(i), lcs
+        return best_i, best_lcs, calls
 
     def best(self, candidate: str) -> RougeBest:
         """The maximum ROUGE-2 and ROUGE-L F1 of ``candidate`` over the references (pruned, exact)."""
         if not self.references:
             return RougeBest(0.0, -1, 0.0, -1, 0)
         toks = tokenize(candidate)
-        f2 = self._bi.f1_bound(_bigrams(toks))  # the ROUGE-2 F1 itself
+        bag = _bigrams(toks)
+        overlap = self._bi.overlap(bag)
+        denom = self._bi.totals + sum(bag.values())
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f2 = np.where(denom > 0, 2.0 * overlap / denom, 0.0)  # the ROUGE-2 F1 itself
         i2 = int(f2.argmax()) if f2.max() > 0 else -1
-        il, calls = self._lcs_search(toks, self._uni.f1_bound(Counter(toks)))
-        r2 = _score("rouge2", self.references[i2], candidate) if i2 >= 0 else 0.0
-        rl = _score("rougeL", self.references[il], candidate) if il >= 0 else 0.0
+        il, lcs, calls = self._lcs_search(toks, self._uni.f1_bound(Counter(toks)))
+        n_bigrams = sum(bag.values())
+        r2 = _fmeasure(int(overlap[i2]), n_bigrams, int(self._bi.totals[i2]), floor=1) if i2 >= 0 else 0.0
+        rl = _fmeasure(lcs, len(toks), len(self._toks[il])) if il >= 0 else 0.0
         return RougeBest(r2, i2, rl, il, calls)
 
     def brute_force(self, candidate: str) -> tuple[float, float]:
