@@ -16,6 +16,8 @@ if [ ! -s "$TOKEN" ]; then
   (umask 077 && "$BIN/python" -c 'import secrets; print(secrets.token_hex(32))' > "$TOKEN")
 fi
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$TOKEN"
+# Submitted jobs run `python -m ctrlgen.cli ...` with the head's PATH: this environment's python first.
+export PATH="$BIN:$PATH"
 # Socket paths must stay under 107 bytes: keep the temp dir short.
 TEMP_DIR=${RAY_TEMP_DIR:-/tmp/ray-ctrlgen-$GCS_PORT}
 "$BIN/ray" start --head --port="$GCS_PORT" --num-cpus="$NUM_CPUS" \

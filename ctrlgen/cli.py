@@ -245,7 +245,19 @@ def _job(name: str) -> Callable[[CtrlgenConfig, argparse.Namespace], int]:
     return cmd
 
 
-cmd_extract, cmd_generate, cmd_train, cmd_experiment = (_job(n) for n in ("extract", "generate", "train", "experiment"))
+cmd_extract, cmd_generate, cmd_train, cmd_experiment, cmd_synthesize = (
+    _job(n) for n in ("extract", "generate", "train", "experiment", "synthesize")
+)
+
+
+def cmd_submit(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+    from ray_jobs.submit import SubmitOptions, submit
+
+    opts = SubmitOptions(
+        address=args.address, token_file=args.token_file, wait=not args.no_wait, pip=args.pip,
+        python=args.python, job_id=args.job_id,
+    )  # fmt: skip
+    return submit(args.job, cfg, opts)
 
 
 def cmd_leakage(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
@@ -392,6 +404,17 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
         "The experiment matrix {baseline, icl, icl_blocking, prefix, prefix_masked} x {known, unknown} x "
         "seeds: extraction, patient split, training, generation, evaluation; writes results.json / .md / .png.",
     ),
+    "synthesize": (
+        cmd_synthesize,
+        "The whole pipeline as one job: extraction -> prefix training (when generation.modes has prefix) -> "
+        "generation with the release gate -> leakage scoring. Resumable: a re-run skips finished stages and "
+        "generation continues from the documents already written.",
+    ),
+    "submit": (
+        cmd_submit,
+        "Submit a job (extract, train, generate, experiment, synthesize) to a Ray cluster through the Job "
+        "Submission API: code as working_dir, resolved config in the runtime_env, logs followed; see docs/cluster.md.",
+    ),
     "serve": (
         cmd_serve,
         "Start the synthesis service (Ray Serve: /v1/synthesize, /v1/extract, /v1/score) from a Serve config "
@@ -420,7 +443,31 @@ def _parser() -> argparse.ArgumentParser:
             epilog=_EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        if name == "submit":
+            from ray_jobs.submit import SUBMITTABLE
+
+            sp.add_argument("job", choices=SUBMITTABLE, help="The job to run on the cluster.")
+            sp.add_argument(
+                "--address",
+                default=None,
+                help="Jobs API (dashboard) URL; default $RAY_API_SERVER_ADDRESS or http://127.0.0.1:8265.",
+            )
+            sp.add_argument(
+                "--token-file",
+                default=None,
+                help="Token of a head with RAY_AUTH_MODE=token (default $RAY_AUTH_TOKEN_PATH, "
+                "else $CTRLGEN_CACHE/ray/auth_token when it exists).",
+            )
+            sp.add_argument("--no-wait", action="store_true", help="Print the job id and return.")
+            sp.add_argument(
+                "--pip",
+                action="store_true",
+                help="Install the dependencies in the job's runtime_env (nodes without them).",
+            )
+            sp.add_argument("--python", default="python", help="Interpreter on the cluster (has Ray).")
+            sp.add_argument("--job-id", default=None, help="Submission id (default: Ray's).")  # fmt: skip
         sp.add_argument("--config", "-c", default=None, help="YAML config file (default: built-in defaults).")
+        sp.add_argument("--config-env", default=None, help=argparse.SUPPRESS)  # a submitted job's resolved config
         if name == "model":
             sp.add_argument("action", choices=("prepare", "info", "generate"), help="What to do with the model.")
             sp.add_argument("--prompt", default="The patient was admitted", help="Prompt for generate.")
@@ -443,10 +490,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _config_from_env(args: argparse.Namespace) -> CtrlgenConfig:
+    """The resolved config a submitted job carries in an environment variable (see ray_jobs/submit.py)."""
+    import os
+
+    if args.config or args.overrides:
+        raise CtrlgenError("--config-env carries the whole resolved config: give no --config or overrides with it")
+    raw = os.environ.get(args.config_env)
+    if not raw:
+        raise CtrlgenError(f"environment variable {args.config_env} is not set (it carries a submitted job's config)")
+    try:
+        return CtrlgenConfig.model_validate_json(raw)
+    except ValueError as exc:
+        raise CtrlgenError(f"environment variable {args.config_env} does not hold a valid ctrlgen config") from exc
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = _config_from_env(args) if args.config_env else load_config(args.config, args.overrides)
         return _VERBS[args.verb][0](cfg, args)
     except CtrlgenError as exc:
         print(f"ctrlgen {args.verb}: error: {exc}", file=sys.stderr)

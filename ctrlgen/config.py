@@ -382,8 +382,11 @@ class TrainingConfig(_Model):
 class RayConfig(_Model):
     """How jobs reach Ray."""
 
-    address: str = Field(
-        "local", description="'local' starts a private local cluster; 'auto' or ray://host:port joins one."
+    address: str | None = Field(
+        None,
+        description="None (default): join the cluster this process runs in (a submitted job: RAY_ADDRESS is "
+        "set) or else start a private local cluster; 'local': always a private local cluster; 'auto', "
+        "host:port or ray://host:port: join that cluster.",
     )
     num_cpus: int | None = Field(
         None,

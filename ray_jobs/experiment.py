@@ -166,8 +166,8 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     from ctrlgen.metrics.linkage import RealRecord, linkage_attack
     from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample
     from ray_jobs.evaluate import evaluate_rows
-    from ray_jobs.extract import init_ray
     from ray_jobs.generate import run as run_generate
+    from ray_jobs.runtime import init_ray
     from ray_jobs.train import run as run_train
 
     x = cfg.experiment

@@ -38,7 +38,7 @@ from ctrlgen.corpora.mimic import noteevent_shards, open_parquet
 from ctrlgen.errors import CtrlgenError
 from ctrlgen.schema import DOCUMENT_SCHEMA, Document, Quarantined
 
-__all__ = ["ExtractActor", "ExtractSummary", "StatusParquetSink", "init_ray", "main", "run"]
+__all__ = ["ExtractActor", "ExtractSummary", "StatusParquetSink", "main", "run"]
 
 
 class ExtractActor:
@@ -150,26 +150,6 @@ class ExtractSummary:
         )
 
 
-def init_ray(cfg: CtrlgenConfig) -> None:
-    """Start a private local cluster (``ray.address: local``) or join one."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    if cfg.ray.address == "local":
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # private cluster of this process only
-        cpus = cfg.ray.num_cpus or (os.cpu_count() or 2) + 2
-        ray.init(
-            address="local",
-            num_cpus=cpus,
-            include_dashboard=cfg.ray.include_dashboard,
-            log_to_driver=True,
-            configure_logging=False,
-        )
-    else:
-        ray.init(address=cfg.ray.address)
-
-
 def _read_parquet(paths: list[str], rows_per_block: int, min_blocks: int) -> Any:
     """Local Parquet shards as a Ray dataset in blocks of at most about ``rows_per_block``
     rows, and at least ``min_blocks`` blocks (when there are enough rows).
@@ -265,6 +245,7 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
     import ray
 
     from ctrlgen.demo import resolve_corpus
+    from ray_jobs.runtime import init_ray
 
     cfg = resolve_corpus(cfg)
     init_ray(cfg)

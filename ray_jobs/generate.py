@@ -12,26 +12,41 @@ job first when ``generation.input`` is not set), then:
 4. writes Parquet partitioned by mode and prints PIPP / ELP per mode.
 
     <output_dir>/generated/mode=<mode>/*.parquet   one row per (document, mode)
+    <output_dir>/generated/_commits/<file id>      one per written block, after its files
     <output_dir>/generated/leakage.md, leakage.json
+
+Every block the actors return holds all modes of its documents and is written by
+:class:`GeneratedSink` as one file per mode, then committed by a marker. With
+``resume=True`` (the ``synthesize`` pipeline) a run that was killed continues: files
+without a marker (a block cut mid-write) are deleted, and the documents of the committed
+blocks are taken out of the targets by a filter actor that reads their ids from the
+committed files itself (no id list on the driver), so no document is generated twice and
+none is lost.
 
     python -m ray_jobs.generate --config configs/generate_physionet.yaml
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from ray.data import Datasink
 
 from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import CtrlgenError
 
-__all__ = ["GenerateActor", "GenerateSummary", "main", "run"]
+__all__ = ["GenerateActor", "GenerateSummary", "GeneratedSink", "SkipDone", "main", "run", "score_output"]
 
 _COLUMNS = ["doc_id", "text", "control_code"]
 
@@ -89,6 +104,79 @@ class GenerateActor:
         )  # fmt: skip
 
 
+class GeneratedSink(Datasink[None]):
+    """One Parquet file per mode for each write task's rows, then a commit marker.
+
+    A document's rows of every mode are in one actor block, so a committed file id holds
+    whole documents; a task retried by Ray rewrites its own file id.
+    """
+
+    COMMITS = "_commits"  # a leading underscore: Arrow's dataset readers skip it
+
+    def __init__(self, path: Path) -> None:
+        import uuid
+
+        self.path = path
+        self.write_id = uuid.uuid4().hex[:12]
+
+    def write(self, blocks: Iterable[Any], ctx: Any) -> None:
+        tables = [b for b in blocks if b.num_rows]
+        if not tables:
+            return
+        table = pa.concat_tables(tables)
+        name = f"{self.write_id}_{ctx.task_idx:06d}"
+        modes = table.column("mode")
+        for mode in sorted(set(modes.to_pylist())):
+            part = table.filter(pc.equal(modes, mode)).drop_columns(["mode"])
+            (self.path / f"mode={mode}").mkdir(parents=True, exist_ok=True)
+            pq.write_table(part, self.path / f"mode={mode}" / f"{name}.parquet")
+        docs = len(set(table.column("doc_id").to_pylist()))
+        (self.path / self.COMMITS).mkdir(parents=True, exist_ok=True)
+        (self.path / self.COMMITS / name).write_text(json.dumps({"rows": table.num_rows, "documents": docs}))
+
+
+class SkipDone:
+    """map_batches: drop the targets whose rows are in the given committed files (read here, once)."""
+
+    def __init__(self, files: list[str]) -> None:
+        ids = [pq.read_table(f, columns=["doc_id"]).column("doc_id") for f in files]
+        self.done = pa.chunked_array(ids, pa.string()).combine_chunks().unique() if ids else pa.array([], pa.string())
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return batch.filter(pc.invert(pc.is_in(batch.column("doc_id"), value_set=self.done)))
+
+
+def _fingerprint(cfg: CtrlgenConfig) -> str:
+    """What decides the generated rows: a resumed output must come from the same settings."""
+    keep = {k: cfg.model_dump(mode="json")[k] for k in ("generation", "model", "corpus")}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _committed(out: Path, cfg: CtrlgenConfig) -> tuple[list[Path], int]:
+    """Prepare ``out`` for a resumed run: (committed files of the first mode, documents done).
+
+    Starts afresh (empty directory) when ``out`` was made with other settings.
+    """
+    from ray_jobs.common import reset_dir
+
+    stamp = out / "_settings.json"
+    fp = _fingerprint(cfg)
+    if not stamp.is_file() or json.loads(stamp.read_text()).get("fingerprint") != fp:
+        reset_dir(out).mkdir(parents=True)
+        stamp.write_text(json.dumps({"fingerprint": fp}) + "\n")
+        return [], 0
+    commits = out / GeneratedSink.COMMITS
+    done = {f.name: json.loads(f.read_text()) for f in commits.iterdir()} if commits.is_dir() else {}
+    cut = [f for f in out.glob("mode=*/*.parquet") if f.stem not in done]
+    for f in cut:  # a block cut mid-write: its documents are generated again
+        f.unlink()
+    first = out / f"mode={cfg.generation.modes[0]}"
+    files = sorted(f for f in first.glob("*.parquet")) if first.is_dir() else []
+    if cut:
+        print(f"generate: removed {len(cut)} uncommitted file(s) of an interrupted run", file=sys.stderr, flush=True)
+    return files, sum(int(d["documents"]) for d in done.values())
+
+
 @dataclass
 class GenerateSummary:
     targets: int
@@ -106,13 +194,17 @@ class GenerateSummary:
         )
 
 
-def run(cfg: CtrlgenConfig) -> GenerateSummary:
-    """Extraction output -> pool, exclusion set, targets -> actor pool -> Parquet -> PIPP/ELP."""
+def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> GenerateSummary:
+    """Extraction output -> pool, exclusion set, targets -> actor pool -> Parquet -> PIPP/ELP.
+
+    ``resume``: continue an interrupted output of the same settings (see the module doc);
+    ``score``: compute PIPP / ELP per mode (the pipeline runs it as its own stage).
+    """
     import ray
 
-    from ctrlgen.generation.report import finetune_values, leakage_by_mode, leakage_table, read_generated
+    from ctrlgen.generation.report import finetune_values
     from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample, values_of
-    from ray_jobs.extract import init_ray
+    from ray_jobs.runtime import init_ray
 
     g = cfg.generation
     t0 = time.perf_counter()
@@ -143,7 +235,19 @@ def run(cfg: CtrlgenConfig) -> GenerateSummary:
         targets = ray.data.from_items(seeded_sample(eligible, g.num_documents, g.seed, "targets", _COLUMNS))
     else:
         targets = eligible
+    out = Path(cfg.output_dir).resolve() / "generated"
+    done_files, n_done = _committed(out, cfg) if resume else ([], 0)
+    if not resume:
+        reset_dir(out)
+    if done_files:
+        targets = targets.map_batches(
+            SkipDone, fn_constructor_kwargs={"files": [str(f) for f in done_files]}, batch_format="pyarrow",
+            num_cpus=0.25, compute=ray.data.ActorPoolStrategy(size=1),
+        )  # fmt: skip
     n_targets = targets.count()
+    if resume and n_done:
+        print(f"generate: resuming: {n_done:,} documents already generated, {n_targets:,} to go",
+              file=sys.stderr, flush=True)  # fmt: skip
     print(
         f"generate: {n_targets:,} target documents, pool {len(pool)}, {len(exclude):,} real private values "
         f"excluded from fictional codes, modes {', '.join(g.modes)}"
@@ -166,17 +270,56 @@ def run(cfg: CtrlgenConfig) -> GenerateSummary:
         num_cpus=g.actor_num_cpus,
         compute=ray.data.ActorPoolStrategy(size=g.num_actors),
     )
-    out = reset_dir(Path(cfg.output_dir).resolve() / "generated")
-    out_ds.write_parquet(str(out), partition_cols=["mode"])
+    if n_targets:
+        out_ds.write_datasink(GeneratedSink(out))
+    total = n_targets + n_done
+    if not score:
+        rows = _count_rows(out)
+        _check(rows, total, g.modes, out)
+        return GenerateSummary(total, len(rows), 0, "(scored by a later stage)", time.perf_counter() - t0, str(out))
+    summary = score_output(cfg, out, finetune, total)
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def _count_rows(out: Path) -> list[tuple[str, str]]:
+    import pyarrow.dataset as pads
+
+    files = sorted(str(f) for f in out.glob("mode=*/*.parquet"))
+    if not files:
+        return []
+    ds = pads.dataset(files, format="parquet", partitioning="hive", partition_base_dir=str(out))
+    t = ds.to_table(columns=["mode", "doc_id"])
+    return list(zip(t.column("mode").to_pylist(), t.column("doc_id").to_pylist(), strict=True))
+
+
+def _check(keys: list[tuple[str, str]], targets: int, modes: Sequence[str], out: Path) -> None:
+    """Counts balance: one row per (target, mode), none twice."""
+    if len(keys) != targets * len(modes):
+        raise CtrlgenError(f"{targets} targets x {len(modes)} modes but {len(keys)} rows written to {out}")
+    if len(set(keys)) != len(keys):
+        raise CtrlgenError(f"{len(keys) - len(set(keys))} (document, mode) rows written twice to {out}")
+
+
+def score_output(
+    cfg: CtrlgenConfig, out: Path, finetune: list[str] | None = None, targets: int | None = None
+) -> GenerateSummary:
+    """PIPP / ELP per mode of a generation output; writes leakage.md / .json beside it."""
+    from ctrlgen.generation.report import finetune_values, leakage_by_mode, leakage_table, read_generated
+
+    t0 = time.perf_counter()
+    g = cfg.generation
+    if finetune is None and "prefix" in g.modes:
+        finetune = finetune_values(g.finetune_data or Path(cfg.output_dir) / "train_data")
     rows = read_generated(out)
+    n = targets if targets is not None else len({r["doc_id"] for r in rows})
+    _check([(str(r["mode"]), str(r["doc_id"])) for r in rows], n, g.modes, out)
     stats = leakage_by_mode(rows, finetune)
     table = leakage_table(stats)
     (out / "leakage.md").write_text(table + "\n", encoding="utf-8")
     (out / "leakage.json").write_text(leakage_table(stats, "json") + "\n", encoding="utf-8")
     quarantined = sum(s.quarantined for s in stats)
-    if len(rows) != n_targets * len(g.modes):
-        raise CtrlgenError(f"{n_targets} targets x {len(g.modes)} modes but {len(rows)} rows written to {out}")
-    return GenerateSummary(n_targets, len(rows), quarantined, table, time.perf_counter() - t0, str(out), stats)
+    return GenerateSummary(n, len(rows), quarantined, table, time.perf_counter() - t0, str(out), stats)
 
 
 def main(argv: list[str] | None = None) -> int:

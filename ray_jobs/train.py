@@ -331,7 +331,7 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
     from ray.train.torch import TorchTrainer
 
     from ray_jobs.common import extraction_input, reset_dir
-    from ray_jobs.extract import init_ray
+    from ray_jobs.runtime import init_ray
 
     t = cfg.training
     t0 = time.perf_counter()

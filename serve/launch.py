@@ -26,6 +26,7 @@ import yaml
 
 from ctrlgen.config import CtrlgenConfig, default_cache_dir
 from ctrlgen.errors import CtrlgenError
+from ray_jobs.runtime import init_ray
 
 __all__ = ["Service", "ensure_token", "http", "init_ray", "load_serve_config", "start_service", "stop_service"]
 
@@ -42,26 +43,6 @@ class Service:
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def init_ray(cfg: CtrlgenConfig, **kwargs: Any) -> None:
-    """Join ``ray.address`` or start a private local cluster (no-op when Ray is already up)."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    if cfg.ray.address == "local":
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private cluster of this process only
-        cpus = cfg.ray.num_cpus or (os.cpu_count() or 2) + 2
-        ray.init(
-            address="local",
-            num_cpus=cpus,
-            include_dashboard=cfg.ray.include_dashboard,
-            configure_logging=False,
-            **kwargs,
-        )
-    else:
-        ray.init(address=cfg.ray.address, **kwargs)
 
 
 def ensure_token(cfg: CtrlgenConfig) -> tuple[str, str]:

@@ -1,0 +1,53 @@
+"""How a ctrlgen process reaches Ray: one place for the jobs, the service and ``ctrlgen submit``.
+
+``ray.address`` (config) decides:
+
+* unset (the default): join the cluster this process runs in when there is one (a job
+  submitted with ``ctrlgen submit`` / ``ray job submit`` has ``RAY_ADDRESS`` set by Ray's job
+  supervisor), else start a private local cluster for this process;
+* ``local``: always a private local cluster;
+* ``auto``, ``host:port`` or ``ray://host:port``: join that cluster.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ctrlgen.config import CtrlgenConfig
+
+__all__ = ["init_ray", "resolve_address"]
+
+
+def resolve_address(address: str | None, environ: dict[str, str] | None = None) -> str:
+    """``local`` (start a private cluster) or the address to join, from the config and the environment."""
+    env = os.environ if environ is None else environ
+    if address is None:
+        return "auto" if env.get("RAY_ADDRESS") else "local"
+    return address
+
+
+def init_ray(cfg: CtrlgenConfig, **kwargs: Any) -> str:
+    """Join the configured cluster or start a private local one (no-op when Ray is already up).
+
+    Returns the address resolved (``local`` for a private cluster).
+    """
+    import ray
+
+    address = resolve_address(cfg.ray.address)
+    if ray.is_initialized():
+        return address
+    if address == "local":
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private cluster of this process only
+        cpus = cfg.ray.num_cpus or (os.cpu_count() or 2) + 2
+        kwargs.setdefault("log_to_driver", True)
+        ray.init(
+            address="local",
+            num_cpus=cpus,
+            include_dashboard=cfg.ray.include_dashboard,
+            configure_logging=False,
+            **kwargs,
+        )
+    else:
+        ray.init(address=address, **kwargs)
+    return address

@@ -1,0 +1,137 @@
+"""The whole pipeline as one job: extraction -> (prefix training) -> generation -> scoring.
+
+    ctrlgen synthesize -c configs/generate_tiny.yaml            # here, on a private cluster
+    ctrlgen submit synthesize -c configs/generate_tiny.yaml     # on a Ray cluster
+
+Stages and where they write (all under ``output_dir``):
+
+1. ``extract``  -> extracted/ (the extraction job);
+2. ``train``    -> adapter/, train_data/ (prefix tuning; only when ``generation.modes`` has ``prefix``);
+3. ``generate`` -> generated/mode=*/ (ICL / prefix generation with the release gate, resumable);
+4. ``score``    -> generated/leakage.md, leakage.json (PIPP / ELP per mode).
+
+Each finished stage leaves ``pipeline/<stage>.json`` (its summary and a fingerprint of the
+settings it depends on). A re-run skips the stages whose fingerprint still matches and runs
+the others, and every stage after the first one it runs. An interrupted generation goes on
+from the documents already committed (:mod:`ray_jobs.generate`); an interrupted training
+resumes from its last checkpoint (:mod:`ray_jobs.train`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ctrlgen.config import CtrlgenConfig
+
+__all__ = ["STAGES", "SynthesizeSummary", "main", "run"]
+
+STAGES = ("extract", "train", "generate", "score")
+# The config sections each stage's output depends on (with those of the stages before it).
+_DEPENDS = {
+    "extract": ("corpus", "demo_corpus", "extraction", "nlp"),
+    "train": ("training", "model"),
+    "generate": ("generation", "model"),
+    "score": (),
+}
+
+
+@dataclass
+class SynthesizeSummary:
+    stages: dict[str, str] = field(default_factory=dict)  # stage -> "ran" | "skipped (done)" | "not needed"
+    texts: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    output: str = ""
+
+    def text(self) -> str:
+        lines = [f"{s}: {how}" for s, how in self.stages.items()]
+        for s, t in self.texts.items():
+            lines.append(f"--- {s}\n{t}")
+        lines.append(f"pipeline output in {self.output} ({self.seconds:.1f} s)")
+        return "\n".join(lines)
+
+
+def fingerprints(cfg: CtrlgenConfig) -> dict[str, str]:
+    """Per stage: a hash of the settings its output depends on, cumulative over the stages before it."""
+    data = cfg.model_dump(mode="json")
+    out, acc = {}, hashlib.sha256()
+    for stage in STAGES:
+        for key in _DEPENDS[stage]:
+            acc.update(json.dumps({key: data.get(key)}, sort_keys=True).encode())
+        out[stage] = acc.copy().hexdigest()[:16]
+    return out
+
+
+def _say(msg: str) -> None:
+    print(f"synthesize: {msg}", file=sys.stderr, flush=True)
+
+
+def _with_inputs(cfg: CtrlgenConfig, out: Path) -> CtrlgenConfig:
+    """The later stages read the extraction stage's output (not a fresh extraction of their own)."""
+    extracted = str(out / "extracted")
+    return cfg.model_copy(
+        update={
+            "generation": cfg.generation.model_copy(update={"input": cfg.generation.input or extracted}),
+            "training": cfg.training.model_copy(update={"input": cfg.training.input or extracted}),
+        }
+    )
+
+
+def run(cfg: CtrlgenConfig) -> SynthesizeSummary:
+    from ray_jobs import extract, generate, train
+
+    t0 = time.perf_counter()
+    out = Path(cfg.output_dir).resolve()
+    marks = out / "pipeline"
+    marks.mkdir(parents=True, exist_ok=True)
+    fps = fingerprints(cfg)
+    cfg = _with_inputs(cfg, out)
+    summary = SynthesizeSummary(output=str(out))
+    rerun = False  # once a stage runs, every later one runs too
+    for stage in STAGES:
+        mark = marks / f"{stage}.json"
+        if stage == "train" and "prefix" not in cfg.generation.modes:
+            summary.stages[stage] = "not needed (no prefix mode)"
+            continue
+        if not rerun and mark.is_file() and json.loads(mark.read_text()).get("fingerprint") == fps[stage]:
+            summary.stages[stage] = "skipped (done)"
+            _say(f"stage {stage}: done in an earlier run, skipped")
+            continue
+        rerun = True
+        mark.unlink(missing_ok=True)
+        _say(f"stage {stage}: running")
+        s0 = time.perf_counter()
+        result: Any
+        if stage == "extract":
+            result = extract.run(cfg)
+        elif stage == "train":
+            # Examples made from a new extraction: the old run's checkpoints are of other data.
+            fresh = summary.stages.get("extract", "").startswith("ran")
+            result = train.run(cfg.model_copy(update={"training": cfg.training.model_copy(
+                update={"resume": cfg.training.resume and not fresh})}))  # fmt: skip
+        elif stage == "generate":
+            result = generate.run(cfg, resume=True, score=False)
+        else:
+            result = generate.score_output(cfg, out / "generated")
+        text = result.text()
+        summary.stages[stage] = f"ran ({time.perf_counter() - s0:.1f} s)"
+        summary.texts[stage] = text
+        mark.write_text(json.dumps({"fingerprint": fps[stage], "summary": text}, indent=2) + "\n")
+        _say(f"stage {stage}: done in {time.perf_counter() - s0:.1f} s")
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ray_jobs.common import job_main
+
+    return job_main("synthesize", __doc__, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
