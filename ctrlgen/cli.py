@@ -426,7 +426,7 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
 }
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     p = argparse.ArgumentParser(
         prog="ctrlgen",
         description="Controlled generation of private synthetic text: corpus readers, entities, "
@@ -435,6 +435,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    subs = {}
     for name, (_, help_text) in _VERBS.items():
         sp = sub.add_parser(
             name,
@@ -443,6 +444,7 @@ def _parser() -> argparse.ArgumentParser:
             epilog=_EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        subs[name] = sp
         if name == "submit":
             from ray_jobs.submit import SUBMITTABLE
 
@@ -487,7 +489,7 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--input", default=None, help="Generated output (default <output_dir>/generated).")
             sp.add_argument("--format", choices=("markdown", "json"), default="markdown", help="Table format.")
         sp.add_argument("overrides", nargs="*", metavar="key.sub=value", help="Config overrides.")
-    return p
+    return p, subs
 
 
 def _config_from_env(args: argparse.Namespace) -> CtrlgenConfig:
@@ -506,7 +508,15 @@ def _config_from_env(args: argparse.Namespace) -> CtrlgenConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser, subs = _parser()
+    if argv[:1] == ["submit"]:
+        # `submit JOB -c F k=v --no-wait`: a positional before options and more after them, which
+        # only argparse's intermixed parsing takes (it does not work through subparsers).
+        args = subs["submit"].parse_intermixed_args(argv[1:])
+        args.verb = "submit"
+    else:
+        args = parser.parse_args(argv)
     try:
         cfg = _config_from_env(args) if args.config_env else load_config(args.config, args.overrides)
         return _VERBS[args.verb][0](cfg, args)

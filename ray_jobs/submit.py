@@ -110,7 +110,14 @@ def absolute_paths(cfg: CtrlgenConfig, cwd: Path | None = None) -> tuple[Ctrlgen
         for k in keys[:-1]:
             node = node.get(k) or {}
         val = node.get(keys[-1]) if isinstance(node, dict) else None
-        if isinstance(val, str) and val and "://" not in val and not Path(val).expanduser().is_absolute():
+        special = keys == ("corpus", "path") and val == "demo"  # the generated demo corpus, not a path
+        if (
+            isinstance(val, str)
+            and val
+            and not special
+            and "://" not in val
+            and not Path(val).expanduser().is_absolute()
+        ):
             node[keys[-1]] = str((base / Path(val).expanduser()).resolve())
             changed.append(".".join(keys))
     return CtrlgenConfig.model_validate(data), changed
@@ -139,7 +146,13 @@ def _client(address: str, token_file: Path | None) -> Any:
     if token_file is not None:
         os.environ["RAY_AUTH_MODE"] = "token"
         os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_file)
+    import logging
+
     from ray.job_submission import JobSubmissionClient
+
+    # One line per packaged .gitignore and per upload otherwise: the submit's own lines say it.
+    for name in ("ray._private.runtime_env.packaging", "ray.dashboard.modules.dashboard_sdk"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
     try:
         return JobSubmissionClient(address)

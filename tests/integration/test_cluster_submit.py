@@ -28,6 +28,14 @@ def _get(url, token=None):
         return e.code
 
 
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("head")
@@ -37,6 +45,7 @@ def head(tmp_path_factory):
         RAY_STATE=str(tmp / "state"),
         GCS_PORT=str(port),
         DASHBOARD_PORT=str(dash),
+        AGENT_PORT=str(_free_port()),  # not Ray's default, which a test's private cluster may hold
         NUM_CPUS="4",
         RAY_TEMP_DIR=f"/tmp/ray-cg-{os.getpid()}",
         BIN=str(Path(sys.executable).parent),

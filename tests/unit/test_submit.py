@@ -28,6 +28,8 @@ def test_relative_paths_become_absolute_and_uris_stay(tmp_path):
     assert out.generation.input == "s3://bucket/extracted"
     assert out.training.storage_path == str(tmp_path)
     assert set(changed) == {"output_dir", "corpus.path"}
+    demo, changed = absolute_paths(load_config("configs/extract_demo.yaml", []), Path("/x"))
+    assert demo.corpus.path == "demo" and "corpus.path" not in changed
 
 
 def test_runtime_env_ships_code_and_config_not_environments():
