@@ -167,6 +167,12 @@ class ModelConfig(_Model):
         None, description="Where built-in models are converted to; default $CTRLGEN_CACHE/models."
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype.")
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$",
+        description="Where the model runs: auto (the first CUDA GPU when there is one, else CPU), cpu, cuda, "
+        "cuda:N. Ray Train workers use the device Ray Train gives them instead.",
+    )
 
 
 class NlpAssetsConfig(_Model):
@@ -297,6 +303,12 @@ class GenerationConfig(_Model):
     batch_size: int = Field(8, ge=1, description="Prompts per batched generate call.")
     num_actors: int = Field(1, ge=1, description="Generator actors (model loaded once per actor).")
     actor_num_cpus: float = Field(1.0, gt=0, description="Logical CPUs per generator actor.")
+    actor_num_gpus: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs per generator actor (Ray places each actor on a GPU node and sets CUDA_VISIBLE_DEVICES; "
+        "with model.device auto the model then runs there). Fractions share a GPU.",
+    )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per actor (None: torch default).")
 
 

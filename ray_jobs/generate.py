@@ -268,6 +268,7 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
         batch_size=per_block,
         batch_format="pyarrow",
         num_cpus=g.actor_num_cpus,
+        num_gpus=g.actor_num_gpus or None,
         compute=ray.data.ActorPoolStrategy(size=g.num_actors),
     )
     if n_targets:

@@ -115,6 +115,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """What each Ray Train worker runs (config: the CtrlgenConfig JSON and the job's plan)."""
     import deepspeed
     import ray.train
+    import ray.train.torch
     import torch
     import torch.distributed as dist
 
@@ -136,7 +137,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             sys.stderr.write(f"[train] {line}\n")
             sys.stderr.flush()
 
-    base, tok = load_causal_lm(cfg.model)
+    # Ray Train's device for this worker: its GPU with use_gpu (NCCL), else the CPU (gloo).
+    device = ray.train.torch.get_device()
+    base, tok = load_causal_lm(cfg.model, device=device)
     model = prefix_model(base, t.num_virtual_tokens)
     if t.prefix_init == "text":
         init_prefix_from_text(model, tok)
@@ -177,21 +180,20 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             local = g // world
             if local < skip:
                 continue  # trained before the checkpoint this run resumed from
-            batch = collate(arrays["input_ids"], arrays["labels"], arrays["private"], pad)
+            batch = {k: v.to(device, non_blocking=True) for k, v in collate(
+                arrays["input_ids"], arrays["labels"], arrays["private"], pad).items()}  # fmt: skip
             t0 = time.perf_counter()
             terms = batch_loss(engine.module, batch, weights, t.reduction, forward=engine)
             engine.backward(terms.total)
             engine.step()
-            n_in = int(batch["attention_mask"].sum())
-            sums = torch.tensor(
-                [terms.tokens, terms.private_tokens, n_in]
-                + [
-                    float(x.detach()) * max(terms.tokens, 1)
-                    for x in (terms.total, terms.lm, terms.contrastive, terms.kl)
-                ],
-                dtype=torch.float64,
-            )
+            # One tensor on the worker's device (NCCL reduces only CUDA tensors), one host read after.
+            counts = torch.tensor([terms.tokens, terms.private_tokens], dtype=torch.float64, device=device)
+            n_in = batch["attention_mask"].sum().to(torch.float64).reshape(1)
+            losses = torch.stack([torch.as_tensor(x, device=device).detach().to(torch.float64).reshape(())
+                                  for x in (terms.total, terms.lm, terms.contrastive, terms.kl)])  # fmt: skip
+            sums = torch.cat([counts, n_in, losses * max(terms.tokens, 1)])
             dist.all_reduce(sums)  # across workers: token counts, token-weighted loss terms
+            sums = sums.cpu()
             seconds = time.perf_counter() - t0
             step += 1
             n_out = max(float(sums[0]), 1.0)

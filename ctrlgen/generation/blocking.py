@@ -153,7 +153,7 @@ class RowBannedTokens:
         mask[self.single_rows, self.single_toks] = True
         rows, toks = self._step_pairs(input_ids)
         if rows:
-            mask[torch.tensor(rows), torch.tensor(toks)] = True
+            mask[torch.tensor(rows, device=mask.device), torch.tensor(toks, device=mask.device)] = True
         return mask
 
     def _check(self, input_ids: torch.Tensor) -> None:

@@ -82,12 +82,21 @@ class RowSampler:
 
     It returns scores that are ``-inf`` everywhere except the drawn token, so the
     greedy step of ``generate`` picks it. Temperature 0 means argmax (plain greedy).
+    The generators live on the logits' device (made at the first step), so a GPU step
+    draws on the GPU; the only host sync per step is one read of which rows are all banned.
+    A seed gives the same tokens on the same kind of device (CPU and CUDA streams differ).
     """
 
     def __init__(self, seeds: Sequence[int], temperature: float, top_p: float) -> None:
         self.temperature = temperature
         self.top_p = top_p
-        self.generators = [torch.Generator().manual_seed(int(s) % (2**63)) for s in seeds]
+        self.seeds = [int(s) % (2**63) for s in seeds]
+        self.generators: list[torch.Generator] = []
+
+    def _generators(self, device: torch.device) -> list[torch.Generator]:
+        if not self.generators or self.generators[0].device != device:
+            self.generators = [torch.Generator(device=device).manual_seed(s) for s in self.seeds]
+        return self.generators
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.temperature == 0:
@@ -99,16 +108,14 @@ class RowSampler:
         # Keep the smallest prefix whose mass reaches top_p (always at least one token).
         drop = (cum - probs) >= self.top_p
         probs = probs.masked_fill(drop, 0.0)
-        chosen = torch.empty(scores.shape[0], dtype=torch.long)
-        for b, gen in enumerate(self.generators):
-            row = probs[b]
-            if not bool(torch.isfinite(sorted_logits[b, 0])):
-                chosen[b] = sorted_idx[b, 0]  # every token banned: leave it to the caller's checks
-                continue
-            pick = torch.multinomial(row, 1, generator=gen)
-            chosen[b] = sorted_idx[b, pick[0]]
+        chosen = sorted_idx[:, 0].clone()  # rows with every token banned keep it: the caller's checks see them
+        finite = torch.isfinite(sorted_logits[:, 0]).tolist()  # the step's one host sync
+        for b, gen in enumerate(self._generators(scores.device)):
+            if finite[b]:
+                pick = torch.multinomial(probs[b], 1, generator=gen)
+                chosen[b] = sorted_idx[b, pick[0]]
         out = torch.full_like(scores, float("-inf"))
-        out[torch.arange(scores.shape[0]), chosen] = 0.0
+        out[torch.arange(scores.shape[0], device=scores.device), chosen] = 0.0
         return out
 
 
@@ -120,8 +127,9 @@ class _RowLimits:
         self.limits = torch.tensor(limits)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        done = (input_ids.shape[1] - self.prompt_len) >= self.limits.to(input_ids.device)  # [batch]
-        return done
+        if self.limits.device != input_ids.device:
+            self.limits = self.limits.to(input_ids.device)  # once
+        return (input_ids.shape[1] - self.prompt_len) >= self.limits  # [batch]
 
 
 @dataclass
@@ -176,12 +184,13 @@ class HFEngine:
 
         t0 = time.perf_counter()
         tok = self.tokenizer
-        enc = tok([r.prompt for r in batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        device = self.model.device
+        enc = tok([r.prompt for r in batch], return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         vocab = int(self.model.get_output_embeddings().weight.shape[0])
         processors: list[Any] = []
         if any(r.banned for r in batch):
             # In place: generate() is not asked for raw logits here, so nothing else holds the scores.
-            processors.append(RowBannedTokens([r.banned for r in batch], vocab, inplace=True))
+            processors.append(RowBannedTokens([r.banned for r in batch], vocab, device, inplace=True))
         processors.append(RowSampler([r.seed for r in batch], self.sampling.temperature, self.sampling.top_p))
         stops = sorted({s for r in batch for s in r.stop})
         limits = [self.limit(r) for r in batch]

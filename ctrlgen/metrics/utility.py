@@ -66,7 +66,7 @@ def sequence_nll(
     model.eval()
     with torch.no_grad():
         for i in range(0, len(ids), batch_size):
-            inp, att, lab = _batch(ids[i : i + batch_size], pad)
+            inp, att, lab = (t.to(model.device) for t in _batch(ids[i : i + batch_size], pad))
             logits = model(input_ids=inp, attention_mask=att).logits[:, -inp.shape[1] :, :].float()
             target = lab[:, 1:]
             lp = torch.log_softmax(logits[:, :-1, :], dim=-1)
@@ -111,7 +111,7 @@ def finetune_lm(
     for epoch in range(epochs):
         random.Random(f"{seed}\x1f{epoch}").shuffle(order)
         for i in range(0, len(order), batch_size):
-            inp, att, lab = _batch([ids[j] for j in order[i : i + batch_size]], pad)
+            inp, att, lab = (t.to(model.device) for t in _batch([ids[j] for j in order[i : i + batch_size]], pad))
             loss = model(input_ids=inp, attention_mask=att, labels=lab).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()

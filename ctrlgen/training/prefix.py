@@ -61,7 +61,7 @@ def init_prefix_from_text(peft_model: Any, tokenizer: Any, text: str = PREFIX_IN
     ids = (ids * (n // max(len(ids), 1) + 1))[:n]
     base = peft_model.get_base_model()
     with peft_model.disable_adapter():
-        cache = base(input_ids=torch.tensor([ids]), use_cache=True).past_key_values
+        cache = base(input_ids=torch.tensor([ids], device=base.device), use_cache=True).past_key_values
     kv = []
     for layer in range(cfg.num_layers):
         keys, values = cache.layers[layer].keys, cache.layers[layer].values  # [1, heads, n, head_dim]
