@@ -64,6 +64,7 @@ class ExtractActor:
 
     def __call__(self, block: pa.Table) -> pa.Table:
         from ctrlgen.extract.stage import extract_rows
+        from ray_jobs.metrics import record_extract
 
         n = self.cfg.extraction.batch_size
         parts = [
@@ -72,7 +73,9 @@ class ExtractActor:
         ]
         # One chunk per column: Ray's Arrow serializer handles every chunk of every (nested)
         # column on its own, 25x the CPU of this copy for a block of 200 batches.
-        return pa.concat_tables(parts).combine_chunks()
+        out = pa.concat_tables(parts).combine_chunks()
+        record_extract(out)
+        return out
 
 
 class StatusParquetSink(Datasink[None]):

@@ -97,11 +97,15 @@ class GenerateActor:
         def progress(line: str) -> None:
             print(f"[generate actor {os.getpid()}] {line} (documents so far: {self.done})", flush=True)
 
+        from ray_jobs.metrics import record_generate
+
         cfg = self.cfg.generation
-        return generate_rows(
+        out = generate_rows(
             rows, self.pool, self.engine, self.tokenizer, cfg, self.fictional, progress,
             prefix_engine=self.prefix_engine, finetune_values=self.finetune,
         )  # fmt: skip
+        record_generate(out)
+        return out
 
 
 class GeneratedSink(Datasink[None]):

@@ -122,6 +122,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     from ctrlgen.models import load_causal_lm
     from ctrlgen.training.data import collate
     from ctrlgen.training.prefix import batch_loss, init_prefix_from_text, loss_weights, prefix_model
+    from ray_jobs.metrics import record_train
 
     cfg = CtrlgenConfig.model_validate_json(config["cfg_json"])
     t = cfg.training
@@ -204,6 +205,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 "step_seconds": seconds, "tokens_per_s": float(sums[2]) / seconds,
             }  # fmt: skip
             history.append(rec)
+            if rank == 0:
+                record_train(t.run_name, step, rec["loss"], rec["tokens_per_s"])
             if step % t.log_every == 0 or step == total:
                 say(
                     f"step {step}/{total} epoch {epoch + 1}: loss {rec['loss']:.4f} (lm {rec['lm']:.4f}, "

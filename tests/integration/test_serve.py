@@ -199,6 +199,31 @@ def test_metrics_reach_the_prometheus_endpoint(service):
     assert re.search(r'ctrlgen_serve_requests_total\{[^}]*route="/v1/synthesize"[^}]*status="200"', text)
 
 
+def test_batch_job_metrics_reach_the_same_endpoint(service, tmp_path):
+    """The extraction job's actors count rows and entities as Ray metrics (cluster of this module)."""
+    from ray_jobs.extract import run
+
+    cfg = load_config(ROOT / "configs/extract_demo.yaml", ["demo_corpus.n_notes=120", f"output_dir={tmp_path}",
+                      f"demo_corpus.output_dir={tmp_path / 'notes'}", "extraction.num_actors=1",
+                      "extraction.actor_num_cpus=0.5"])  # fmt: skip
+    summary = run(cfg)
+
+    def ok_rows(text):
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("ray_ctrlgen_job_rows_total{") and 'job="extract"' in line
+                   and 'status="ok"' in line)  # fmt: skip
+
+    deadline, text = time.monotonic() + 60, ""
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{service.metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        if ok_rows(text) >= summary.documents and "ctrlgen_job_entities_total" in text:
+            break
+        time.sleep(2)
+    assert ok_rows(text) == summary.documents
+    assert re.search(r'ctrlgen_job_entities_total\{[^}]*category="PERSON"', text)
+
+
 def test_queue_overflow_answers_503_with_a_retry_hint(service):
     bodies = [{"seed": i, "n": 8, "max_new_tokens": 64} for i in range(48)]
     answers = concurrently(lambda b: call(service, "/v1/synthesize", b), bodies, workers=48)
