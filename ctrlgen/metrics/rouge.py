@@ -157,11 +157,14 @@ class RougeIndex:
     def __len__(self) -> int:
         return len(self.references)
 
-    def _lcs_search(self, toks: list[str], bound: np.ndarray) -> tuple[int, int, int]:
-        """(best reference by LCS F1, its LCS length, exact LCS computations) in decreasing bound order."""
+    def _lcs_search(self, toks: list[str], bound: np.ndarray, floor: float = 0.0) -> tuple[int, int, int]:
+        """(best reference by LCS F1, its LCS length, exact LCS computations) in decreasing bound order.
+
+        References whose bound is <= ``floor`` are not searched (-1 when none is above it).
+        """
         best, best_i, best_lcs, calls = 0.0, -1, 0, 0
         for i in np.argsort(-bound, kind="stable"):
-            if bound[i] <= 0.0 or (best_i >= 0 and best >= bound[i] + 1e-12):
+            if bound[i] <= floor or (best_i >= 0 and best >= bound[i] + 1e-12):
                 break
             calls += 1
             ref = self._toks[i]
@@ -171,8 +174,26 @@ class RougeIndex:
                 best, best_i, best_lcs = f, int(i), lcs
         return best_i, best_lcs, calls
 
-    def best(self, candidate: str) -> RougeBest:
-        """The maximum ROUGE-2 and ROUGE-L F1 of ``candidate`` over the references (pruned, exact)."""
+    def probe(self, candidate: str) -> tuple[float, float, int]:
+        """A cheap exact ROUGE-L lower bound: (F1, search F1 ``2*lcs/(|c|+|r|)``, reference) of the
+        reference with the highest bound (one exact LCS). A sharded scorer takes the best probe over
+        its shards as every shard's ``floor`` (see :meth:`best`)."""
+        toks = tokenize(candidate)
+        if not self.references or not toks:
+            return 0.0, 0.0, -1
+        bound = self._uni.f1_bound(Counter(toks))
+        i = int(bound.argmax())
+        if bound[i] <= 0.0:
+            return 0.0, 0.0, -1
+        lcs = lcs_length(self._toks[i], toks)
+        return _fmeasure(lcs, len(toks), len(self._toks[i])), 2.0 * lcs / (len(self._toks[i]) + len(toks)), i
+
+    def best(self, candidate: str, floor: float = 0.0) -> RougeBest:
+        """The maximum ROUGE-2 and ROUGE-L F1 of ``candidate`` over the references (pruned, exact).
+
+        ``floor``: a ROUGE-L F1 (search form, from :meth:`probe`) already reached elsewhere;
+        references that cannot beat it are skipped, and ``rougeL_ref`` is -1 when none can.
+        """
         if not self.references:
             return RougeBest(0.0, -1, 0.0, -1, 0)
         toks = tokenize(candidate)
@@ -182,7 +203,7 @@ class RougeIndex:
         with np.errstate(divide="ignore", invalid="ignore"):
             f2 = np.where(denom > 0, 2.0 * overlap / denom, 0.0)  # the ROUGE-2 F1 itself
         i2 = int(f2.argmax()) if f2.max() > 0 else -1
-        il, lcs, calls = self._lcs_search(toks, self._uni.f1_bound(Counter(toks)))
+        il, lcs, calls = self._lcs_search(toks, self._uni.f1_bound(Counter(toks)), floor)
         n_bigrams = sum(bag.values())
         r2 = _fmeasure(int(overlap[i2]), n_bigrams, int(self._bi.totals[i2]), floor=1) if i2 >= 0 else 0.0
         rl = _fmeasure(lcs, len(toks), len(self._toks[il])) if il >= 0 else 0.0

@@ -39,8 +39,10 @@ from ctrlgen.metrics.rouge import RougeIndex
 __all__ = [
     "MergedScore",
     "ReferenceShard",
+    "ShardProbe",
     "ShardScore",
     "corpus_leakage",
+    "floors_of",
     "iter_references",
     "merge_shard_scores",
     "shard_of",
@@ -78,6 +80,20 @@ class ShardScore:
     rouge2_doc: str  # "" when no document of the shard shares a bigram
     rougeL: float
     rougeL_doc: str
+
+
+@dataclass(frozen=True)
+class ShardProbe:
+    """A shard's exact ROUGE-L F1 of its highest-bound document (a lower bound of its best)."""
+
+    rougeL: float
+    search: float  # the same F1 as 2*lcs/(|c|+|r|), the form the pruned search compares
+    doc: str
+
+
+def floors_of(per_shard: Sequence[Sequence[ShardProbe]]) -> list[float]:
+    """Per text, the best probe over the shards: every shard's ROUGE-L floor."""
+    return [max(p.search for p in ps) for ps in zip(*per_shard, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -128,12 +144,26 @@ class ReferenceShard:
     def n_values(self) -> int:
         return len(self.values)
 
-    def score(self, texts: Sequence[str]) -> list[ShardScore]:
-        """Leaked values and best ROUGE of every text against this shard."""
+    def probe(self, texts: Sequence[str]) -> list[ShardProbe]:
+        """Per text, a cheap exact ROUGE-L lower bound from this shard (one LCS per text)."""
         out = []
         for text in texts:
+            f1, search, ref = self._index.probe(text)
+            out.append(ShardProbe(f1, search, self.doc_ids[ref] if ref >= 0 else ""))
+        return out
+
+    def score(self, texts: Sequence[str], floors: Sequence[float] | None = None) -> list[ShardScore]:
+        """Leaked values and best ROUGE of every text against this shard.
+
+        ``floors``: per text, the best probe of all shards (:func:`floors_of`): ROUGE-L references
+        that cannot beat it are skipped, so a shard without a close document stops early.
+        """
+        if floors is not None and len(floors) != len(texts):
+            raise ValueError(f"{len(floors)} floors for {len(texts)} texts")
+        out = []
+        for k, text in enumerate(texts):
             leaked = leaked_values(text, self.values, self._matcher) if self._matcher is not None else set()
-            best = self._index.best(text)
+            best = self._index.best(text, floors[k] if floors is not None else 0.0)
             out.append(
                 ShardScore(
                     frozenset(leaked),
@@ -149,8 +179,15 @@ class ReferenceShard:
         return {"shard": self.shard, "documents": len(self.doc_ids), "values": self.n_values}
 
 
-def merge_shard_scores(per_shard: Sequence[Sequence[ShardScore]]) -> list[MergedScore]:
-    """Per-shard scores (one list per shard, texts in the same order) -> one score per text."""
+def merge_shard_scores(
+    per_shard: Sequence[Sequence[ShardScore]], probes: Sequence[Sequence[ShardProbe]] | None = None
+) -> list[MergedScore]:
+    """Per-shard scores (one list per shard, texts in the same order) -> one score per text.
+
+    With ``probes`` (scores made with :func:`floors_of` floors), a probe's document counts as a
+    candidate too: a shard skips what cannot beat the floor, so the floor's own document may be
+    the maximum.
+    """
     if not per_shard:
         raise ValueError("no shard scores to merge")
     n = len(per_shard[0])
@@ -161,8 +198,11 @@ def merge_shard_scores(per_shard: Sequence[Sequence[ShardScore]]) -> list[Merged
         scores = [s[i] for s in per_shard]
         leaked = frozenset().union(*(s.leaked for s in scores))
         r2 = max(scores, key=lambda s: s.rouge2)
-        rl = max(scores, key=lambda s: s.rougeL)
-        out.append(MergedScore(len(leaked), leaked, r2.rouge2, r2.rouge2_doc, rl.rougeL, rl.rougeL_doc))
+        rl_pairs = [(s.rougeL, s.rougeL_doc) for s in scores]
+        if probes is not None:
+            rl_pairs += [(p[i].rougeL, p[i].doc) for p in probes]
+        rl, rl_doc = max(rl_pairs, key=lambda x: x[0])
+        out.append(MergedScore(len(leaked), leaked, r2.rouge2, r2.rouge2_doc, rl, rl_doc))
     return out
 
 
