@@ -227,7 +227,11 @@ What limits the figures: the 2 cores are shared by the engine's torch threads, t
 ingress replica, the controller and the client threads; on this box every CPU-second Serve spends is
 taken from the engine. A batch only forms from requests that arrive while the previous one runs (one
 batch at a time per replica), so at concurrency c the mean batch is at most min(c, 16) and latency
-grows with it. Score shards run ROUGE in pure Python, one process each: two shards can use both cores.
+grows with it. Scoring: each shard probes (one exact LCS per text), then searches only documents that can
+beat the best probe of all shards; but every shard still tokenises each text, matches it against its
+values and intersects its bigrams, per-text costs that do not shrink with the shard. With 1,818
+reference notes these dominate, so two shards on 2 shared cores gain little; the per-document search,
+which grows with the corpus, is what sharding divides.
 """
     if args.quick:
         print(body)
