@@ -1,0 +1,34 @@
+"""URI-safe paths over pyarrow.fs (local and file:// here; s3:// in the integration tests of remote storage)."""
+
+import pytest
+
+from ctrlgen import storage
+
+
+def test_uris_keep_their_scheme_and_bucket():
+    assert storage.join("s3://bucket/runs", "extracted", "status=ok") == "s3://bucket/runs/extracted/status=ok"
+    assert storage.join("s3://bucket", "x") == "s3://bucket/x"
+    assert storage.join("s3://b/x?endpoint_override=127.0.0.1:9000&scheme=http", "y") == (
+        "s3://b/x/y?endpoint_override=127.0.0.1:9000&scheme=http"
+    )
+    assert storage.join("runs/x", "generated") == "runs/x/generated"
+    assert storage.is_uri("gs://b/x") and storage.is_uri("file:///tmp/x")
+    assert not storage.is_uri("runs/x") and not storage.is_uri("C://x")
+
+
+@pytest.mark.parametrize("kind", ["plain", "file"])
+def test_write_read_list_remove(tmp_path, kind):
+    base = str(tmp_path / "out") if kind == "plain" else f"file://{tmp_path / 'out'}"
+    assert not storage.exists(base)
+    storage.write_text(storage.join(base, "a", "x.parquet"), "one")
+    storage.write_text(storage.join(base, "a", "x.parquet"), "two")  # replaced whole
+    storage.write_text(storage.join(base, "b.parquet"), "b")
+    storage.write_text(storage.join(base, "_commits", "m"), "marker")
+    storage.write_text(storage.join(base, "c.json"), "{}")
+    assert storage.is_dir(base) and storage.read_text(storage.join(base, "a", "x.parquet")) == "two"
+    files = storage.list_files(base, ".parquet")
+    assert files == [storage.join(base, "a", "x.parquet"), storage.join(base, "b.parquet")]
+    assert not [p for p in (tmp_path / "out" / "a").iterdir() if p.name.endswith(".tmp")]
+    storage.remove(base)
+    assert not storage.exists(base) and storage.list_files(base) == []
+    storage.remove(base)  # already gone: nothing
