@@ -45,3 +45,15 @@ def test_the_grafana_dashboard_charts_every_service_metric():
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     assert len(names) == 8
     assert not [n for n in names if f"ray_{n}" not in exprs]
+
+
+def test_the_jobs_dashboard_charts_every_job_metric():
+    import json
+    import re
+
+    source = (ROOT / "ray_jobs" / "metrics.py").read_text()
+    names = set(re.findall(r'"(ctrlgen_(?:job|train)_[a-z_]+)"', source))
+    dashboard = json.loads((ROOT / "cluster" / "monitoring" / "ctrlgen_jobs_grafana.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    assert len(names) == 7
+    assert not [n for n in names if f"ray_{n}" not in exprs]
