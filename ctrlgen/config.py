@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -46,6 +47,7 @@ __all__ = [
     "TrainingConfig",
     "apply_overrides",
     "default_cache_dir",
+    "fingerprint",
     "load_config",
 ]
 
@@ -546,6 +548,16 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = nxt
         node[parts[-1]] = value
     return data
+
+
+def fingerprint(cfg: CtrlgenConfig, sections: Sequence[str]) -> str:
+    """A short hash of the named config sections: outputs made from them are reusable while it holds."""
+    import hashlib
+    import json
+
+    data = cfg.model_dump(mode="json")
+    keep = {k: data.get(k) for k in sections}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> CtrlgenConfig:

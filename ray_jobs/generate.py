@@ -28,7 +28,6 @@ none is lost.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -43,7 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from ray.data import Datasink
 
-from ctrlgen.config import CtrlgenConfig
+from ctrlgen.config import CtrlgenConfig, fingerprint
 from ctrlgen.errors import CtrlgenError
 
 __all__ = ["GenerateActor", "GenerateSummary", "GeneratedSink", "SkipDone", "main", "run", "score_output"]
@@ -150,12 +149,6 @@ class SkipDone:
         return batch.filter(pc.invert(pc.is_in(batch.column("doc_id"), value_set=self.done)))
 
 
-def _fingerprint(cfg: CtrlgenConfig) -> str:
-    """What decides the generated rows: a resumed output must come from the same settings."""
-    keep = {k: cfg.model_dump(mode="json")[k] for k in ("generation", "model", "corpus")}
-    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def _committed(out: Path, cfg: CtrlgenConfig) -> tuple[list[Path], int]:
     """Prepare ``out`` for a resumed run: (committed files of the first mode, documents done).
 
@@ -164,7 +157,7 @@ def _committed(out: Path, cfg: CtrlgenConfig) -> tuple[list[Path], int]:
     from ray_jobs.common import reset_dir
 
     stamp = out / "_settings.json"
-    fp = _fingerprint(cfg)
+    fp = fingerprint(cfg, ("generation", "model", "corpus"))  # a resumed output must come from the same settings
     if not stamp.is_file() or json.loads(stamp.read_text()).get("fingerprint") != fp:
         reset_dir(out).mkdir(parents=True)
         stamp.write_text(json.dumps({"fingerprint": fp}) + "\n")

@@ -176,19 +176,20 @@ def _submit_with_retry(client: Any, attempts: int = 30, **kwargs: Any) -> str:
 
 
 def follow(client: Any, job_id: str, poll_s: float = 1.0, out: Any = None) -> str:
-    """Print the job's logs as they grow until it ends; returns its final status."""
+    """Print the job's logs as they come (Ray's log stream: each line once) until it ends; its final status."""
+    import asyncio
+
     out = out or sys.stdout
-    shown = 0
-    while True:
-        status = client.get_job_status(job_id).value
-        logs = client.get_job_logs(job_id)
-        if len(logs) > shown:
-            out.write(logs[shown:])
+
+    async def stream() -> None:
+        async for chunk in client.tail_job_logs(job_id):  # ends when the job does
+            out.write(chunk)
             out.flush()
-            shown = len(logs)
-        if status in _TERMINAL:
-            return status
+
+    asyncio.run(stream())
+    while (status := client.get_job_status(job_id).value) not in _TERMINAL:  # the stream may close first
         time.sleep(poll_s)
+    return str(status)
 
 
 def submit(verb: str, cfg: CtrlgenConfig, opts: SubmitOptions) -> int:

@@ -19,7 +19,6 @@ resumes from its last checkpoint (:mod:`ray_jobs.train`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import time
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctrlgen.config import CtrlgenConfig
+from ctrlgen.config import CtrlgenConfig, fingerprint
 
 __all__ = ["STAGES", "SynthesizeSummary", "main", "run"]
 
@@ -58,12 +57,10 @@ class SynthesizeSummary:
 
 def fingerprints(cfg: CtrlgenConfig) -> dict[str, str]:
     """Per stage: a hash of the settings its output depends on, cumulative over the stages before it."""
-    data = cfg.model_dump(mode="json")
-    out, acc = {}, hashlib.sha256()
+    out, sections = {}, []
     for stage in STAGES:
-        for key in _DEPENDS[stage]:
-            acc.update(json.dumps({key: data.get(key)}, sort_keys=True).encode())
-        out[stage] = acc.copy().hexdigest()[:16]
+        sections += _DEPENDS[stage]
+        out[stage] = fingerprint(cfg, sections)
     return out
 
 
