@@ -261,6 +261,7 @@ def cmd_submit(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_leakage(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+    from ctrlgen import storage
     from ctrlgen.generation.report import (
         FINETUNE_MODES,
         finetune_values,
@@ -269,10 +270,10 @@ def cmd_leakage(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
         read_generated,
     )
 
-    rows = read_generated(args.input or Path(cfg.output_dir) / "generated")
+    rows = read_generated(args.input or storage.join(cfg.output_dir, "generated"))
     finetune = None
     if any(r["mode"] in FINETUNE_MODES for r in rows):
-        finetune = finetune_values(cfg.generation.finetune_data or Path(cfg.output_dir) / "train_data")
+        finetune = finetune_values(cfg.generation.finetune_data or storage.join(cfg.output_dir, "train_data"))
     print(leakage_table(leakage_by_mode(rows, finetune), args.format))
     return 0
 

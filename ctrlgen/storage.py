@@ -17,33 +17,70 @@ Example:
 
 from __future__ import annotations
 
+import os
 import posixpath
 import uuid
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["exists", "filesystem", "is_dir", "is_uri", "join", "list_files", "read_text", "remove", "write_text"]
+__all__ = [
+    "absolute",
+    "dataset",
+    "download",
+    "exists",
+    "filesystem",
+    "is_dir",
+    "is_uri",
+    "join",
+    "list_files",
+    "local_copy",
+    "makedirs",
+    "parent",
+    "parquet_file",
+    "parquet_files",
+    "read_text",
+    "remove",
+    "upload",
+    "write_parquet",
+    "write_text",
+]
 
 
 def is_uri(path: str) -> bool:
     """True for ``scheme://...`` (a Windows drive letter is not a scheme)."""
+    path = os.fspath(path)
     return "://" in path and len(path.split("://", 1)[0]) > 1
+
+
+def absolute(path: str) -> str:
+    """A URI unchanged; a local path made absolute (a job's paths must not depend on where its
+    driver or workers happen to run)."""
+    path = os.fspath(path)
+    return path if is_uri(path) else os.path.abspath(os.path.expanduser(path))
 
 
 def join(base: str, *parts: str) -> str:
     """``base`` / parts, keeping a URI's scheme, bucket and query intact."""
+    base = os.fspath(base)
     if not is_uri(base):
         return posixpath.join(base, *parts)
     u = urlsplit(base)
     return urlunsplit((u.scheme, u.netloc, posixpath.join(u.path or "/", *parts), u.query, u.fragment))
 
 
+def parent(path: str) -> str:
+    """The directory holding ``path`` (a URI keeps its scheme, bucket and query)."""
+    if not is_uri(path):
+        return posixpath.dirname(path.rstrip("/"))
+    u = urlsplit(path)
+    return urlunsplit((u.scheme, u.netloc, posixpath.dirname(u.path.rstrip("/")), u.query, u.fragment))
+
+
 def filesystem(path: str) -> tuple[Any, str]:
     """(``pyarrow.fs`` file system, path inside it) for a URI or a local path (made absolute)."""
-    import os
-
     import pyarrow.fs as pafs
 
+    path = os.fspath(path)
     if not is_uri(path):
         return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(path))
     fs, inner = pafs.FileSystem.from_uri(path)
@@ -122,3 +159,91 @@ def remove(path: str) -> None:
         fs.delete_dir(p)
     elif kind == pafs.FileType.File:
         fs.delete_file(p)
+
+
+def makedirs(path: str) -> None:
+    """Create a directory and its parents (object stores have none to create: a no-op there)."""
+    fs, p = filesystem(path)
+    fs.create_dir(p, recursive=True)
+
+
+def parquet_files(path: str, within: str | None = None) -> list[str]:
+    """The Parquet files of a dataset directory (or ``[path]`` for one file), sorted.
+
+    ``within``: a sub-directory to read instead when it exists (``status=ok`` of an extraction
+    output or of a training set).
+    """
+    if within and is_dir(join(path, within)):
+        path = join(path, within)
+    if path.endswith(".parquet") and not is_dir(path):
+        return [path] if exists(path) else []
+    return list_files(path, ".parquet")
+
+
+def dataset(files: list[str], base: str | None = None) -> Any:
+    """A ``pyarrow.dataset`` over ``files`` (all on one file system); with ``base``, the
+    hive partitions under it (``mode=icl/...``) become columns."""
+    import pyarrow.dataset as pads
+
+    if not files:
+        raise ValueError("dataset() needs at least one file")
+    fs, _ = filesystem(files[0])
+    inner = [filesystem(f)[1] for f in files]
+    if base is None:
+        return pads.dataset(inner, format="parquet", filesystem=fs)
+    return pads.dataset(
+        inner, format="parquet", filesystem=fs, partitioning="hive", partition_base_dir=filesystem(base)[1]
+    )
+
+
+def parquet_file(path: str) -> Any:
+    """A ``pyarrow.parquet.ParquetFile`` on any file system (only its footer is read here)."""
+    import pyarrow.parquet as pq
+
+    fs, p = filesystem(path)
+    return pq.ParquetFile(fs.open_input_file(p))
+
+
+def write_parquet(table: Any, path: str, **kwargs: Any) -> None:
+    """Write one Parquet file (its directory is made as needed)."""
+    import pyarrow.parquet as pq
+
+    fs, p = filesystem(path)
+    parent = posixpath.dirname(p)
+    if parent:
+        fs.create_dir(parent, recursive=True)
+    pq.write_table(table, p, filesystem=fs, **kwargs)
+
+
+def _copy_tree(src: str, dst: str) -> None:
+    import pyarrow.fs as pafs
+
+    sfs, sp = filesystem(src)
+    dfs, dp = filesystem(dst)
+    if sfs.get_file_info(sp).type != pafs.FileType.Directory:
+        raise FileNotFoundError(f"{src} is not a directory")
+    dfs.create_dir(dp, recursive=True)
+    pafs.copy_files(sp, dp, source_filesystem=sfs, destination_filesystem=dfs)
+
+
+def upload(local_dir: str, dst: str) -> None:
+    """Copy a local directory tree to ``dst`` (any file system), replacing what was there."""
+    remove(dst)
+    _copy_tree(local_dir, dst)
+
+
+def download(src: str, local_dir: str) -> str:
+    """Copy the directory tree ``src`` (any file system) into ``local_dir``; returns ``local_dir``."""
+    _copy_tree(src, local_dir)
+    return local_dir
+
+
+def local_copy(path: str) -> str:
+    """A local directory with the contents of ``path``: the path itself when it is local, else a
+    download into a new temporary directory (for libraries that read only local files, such
+    as PEFT's ``from_pretrained``)."""
+    import tempfile
+
+    if not is_uri(path) or path.startswith("file://"):
+        return filesystem(path)[1]
+    return download(path, tempfile.mkdtemp(prefix="ctrlgen-"))

@@ -3,43 +3,42 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig, load_config
 from ctrlgen.errors import CtrlgenError
 
 __all__ = ["extraction_input", "has_code", "job_main", "reset_dir", "seeded_sample", "values_of"]
 
 
-def extraction_input(cfg: CtrlgenConfig, given: str | None, job: str) -> Path:
-    """The status=ok extraction Parquet directory: ``given``, or the extraction job's fresh output."""
+def extraction_input(cfg: CtrlgenConfig, given: str | None, job: str) -> str:
+    """The status=ok extraction Parquet directory (a path or URI): ``given``, or the extraction
+    job's fresh output."""
     from ray_jobs.extract import run as run_extract
 
     if given is None:
         print(f"{job}: no input given; running the extraction job first", file=sys.stderr, flush=True)
         ext = run_extract(cfg)
         print(ext.text(), file=sys.stderr, flush=True)
-        src = Path(ext.output)
+        src = ext.output
     else:
-        src = Path(given)
-    if (src / "status=ok").is_dir():
-        src = src / "status=ok"
-    if not src.exists() or not any(src.rglob("*.parquet")):
+        src = storage.absolute(given)
+    if storage.is_dir(storage.join(src, "status=ok")):
+        src = storage.join(src, "status=ok")
+    if not storage.parquet_files(src):
         raise CtrlgenError(f"{job} input {src} holds no Parquet files (run `ctrlgen extract` first)")
     return src
 
 
-def reset_dir(path: Path) -> Path:
-    """Remove a previous output of a job (the jobs rewrite their outputs whole)."""
-    if path.exists():
-        shutil.rmtree(path)
+def reset_dir(path: str) -> str:
+    """Remove a previous output of a job (the jobs rewrite their outputs whole); any path or URI."""
+    storage.remove(path)
     return path
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import CtrlgenError
 
@@ -89,7 +90,7 @@ def _rows(path: Path, ids: set[str] | None = None) -> list[dict[str, Any]]:
 def _write(rows: list[dict[str, Any]], path: Path, schema: pa.Schema) -> Path:
     from ray_jobs.common import reset_dir
 
-    reset_dir(path).mkdir(parents=True)
+    Path(reset_dir(str(path))).mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path / "part-0.parquet")
     return path
 
@@ -172,6 +173,11 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
 
     x = cfg.experiment
     t0 = time.perf_counter()
+    if storage.is_uri(cfg.output_dir):
+        raise CtrlgenError(
+            f"experiment: output_dir must be a local or shared-filesystem path, not {cfg.output_dir} (remote "
+            "storage covers extract, train, generate and synthesize; the research matrix keeps its tables local)"
+        )
     out = Path(cfg.output_dir).resolve()
     if x.torch_threads:
         torch.set_num_threads(x.torch_threads)
@@ -183,7 +189,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     for setting in dict.fromkeys(["known", *settings]):
         c = _with(cfg, extraction__setting=setting, output_dir=str(out / "extract" / setting))
         src = extraction_input(c, None, f"experiment ({setting} entities)")
-        dest = reset_dir(out / "data" / setting / "split")
+        dest = Path(reset_dir(str(out / "data" / setting / "split")))
         ray.data.read_parquet(str(src)).select_columns(_DOC_COLUMNS).map_batches(
             _split_fn(x.split_seed, x.test_fraction), batch_format="pyarrow"
         ).write_parquet(str(dest), partition_cols=["split"])
@@ -314,7 +320,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
         cells[-1]["exposure"] = sum(e["exposure"] for e in base_exposure) / len(base_exposure)
 
     # 7. Report.
-    res = reset_dir(out / "results")
+    res = Path(reset_dir(str(out / "results")))
     res.mkdir(parents=True)
     summary = summarize(cells)
     md = table(summary)

@@ -28,10 +28,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
-import pyarrow.parquet as pq
 from ray.data import Datasink
 
+from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig, MimicCorpusConfig
 from ctrlgen.corpora import read_corpus
 from ctrlgen.corpora.mimic import noteevent_shards, open_parquet
@@ -90,10 +89,10 @@ class StatusParquetSink(Datasink[None]):
 
     STATUSES = ("ok", "quarantined")
 
-    def __init__(self, path: Path, rows_per_file: int) -> None:
+    def __init__(self, path: str, rows_per_file: int) -> None:
         import uuid
 
-        self.path = path
+        self.path = str(path)
         self.rows_per_file = rows_per_file
         self.write_id = uuid.uuid4().hex[:12]
 
@@ -111,9 +110,8 @@ class StatusParquetSink(Datasink[None]):
             raise CtrlgenError(f"{unknown} extracted rows with a status other than {self.STATUSES}")
         for value, part in zip(self.STATUSES, (ok, rest), strict=True):
             if part.num_rows:
-                (self.path / f"status={value}").mkdir(parents=True, exist_ok=True)
                 name = f"{self.write_id}_{ctx.task_idx:06d}.parquet"
-                pq.write_table(part.drop_columns(["status"]), self.path / f"status={value}" / name)
+                storage.write_parquet(part.drop_columns(["status"]), storage.join(self.path, f"status={value}", name))
 
 
 def _split_ok(table: pa.Table) -> tuple[pa.Table, pa.Table]:
@@ -185,15 +183,16 @@ def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined], rows_per_
 
     corpus = cfg.corpus
     if isinstance(corpus, MimicCorpusConfig):
-        path = Path(corpus.path)
-        files = noteevent_shards(path)
-        parquet = [str(f) for f in files if f.suffix == ".parquet"]
-        csvs = [str(f) for f in files if f.suffix == ".csv" or f.name.endswith(".csv.gz")]
+        path = corpus.path
+        files = _shards(path)
+        parquet = [f for f in files if f.endswith(".parquet")]
+        csvs = [f for f in files if f.endswith((".csv", ".csv.gz"))]
         if not parquet and not csvs:
             raise CtrlgenError(f"{path} holds no NOTEEVENTS .parquet or .csv files")
         if parquet and not csvs:
-            if any(f.startswith("documents-") for f in map(os.path.basename, parquet)):
-                kind = "documents"
+            shards = [f for f in parquet if os.path.basename(f).startswith("documents-")]
+            if shards:  # ctrlgen's document shards (`ctrlgen ingest`); their quarantine.parquet is not input
+                kind, parquet = "documents", shards
             else:
                 kind = "noteevents"
             # Several blocks per actor, so that all of them get work and finish close together.
@@ -202,7 +201,7 @@ def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined], rows_per_
 
         from ctrlgen.corpora._common import open_csv_as_bytes
 
-        names, _ = open_csv_as_bytes(Path(csvs[0]))
+        names, _ = open_csv_as_bytes(csvs[0])
         return (
             ray.data.read_csv(
                 csvs,
@@ -222,20 +221,30 @@ def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined], rows_per_
     return ray.data.from_arrow(table), "documents", False
 
 
-def _count(out: Path, driver_quarantine: list[Quarantined]) -> tuple[int, int, Counter[str]]:
-    ok = quarantined = 0
+def _shards(path: str) -> list[str]:
+    """The NOTEEVENTS files at a local path or a URI (a file, or a directory of shards), sorted."""
+    if not storage.is_uri(path):
+        return [str(f) for f in noteevent_shards(Path(path))]
+    if storage.exists(path) and not storage.is_dir(path):
+        return [path]
+    files = [f for f in storage.list_files(path, recursive=False) if f.endswith((".parquet", ".csv", ".csv.gz"))]
+    if not files:
+        raise CtrlgenError(f"NOTEEVENTS location {path} holds no .parquet or .csv files (or does not exist)")
+    return files
+
+
+def _count(out: str, driver_quarantine: list[Quarantined]) -> tuple[int, int, Counter[str]]:
+    ok = 0
     cats: Counter[str] = Counter()
-    ok_dir, bad_dir = out / "status=ok", out / "status=quarantined"
-    if ok_dir.is_dir():
-        for f in sorted(ok_dir.glob("*.parquet")):
-            # Only the entities' category leaf column is read.
-            table = pq.ParquetFile(f).read(columns=["entities.list.element.category"])
-            ok += table.num_rows
-            for chunk in table.column("entities").chunks:
-                for v in pc.value_counts(pc.list_flatten(chunk).field("category")):
-                    cats[v["values"].as_py()] += v["counts"].as_py()
-    if bad_dir.is_dir():
-        quarantined = pads.dataset(str(bad_dir), format="parquet").count_rows()
+    for f in storage.list_files(storage.join(out, "status=ok"), ".parquet"):
+        # Only the entities' category leaf column is read.
+        table = storage.parquet_file(f).read(columns=["entities.list.element.category"])
+        ok += table.num_rows
+        for chunk in table.column("entities").chunks:
+            for v in pc.value_counts(pc.list_flatten(chunk).field("category")):
+                cats[v["values"].as_py()] += v["counts"].as_py()
+    bad = storage.list_files(storage.join(out, "status=quarantined"), ".parquet")
+    quarantined = storage.dataset(bad).count_rows() if bad else 0
     return ok, quarantined + len(driver_quarantine), cats
 
 
@@ -272,20 +281,16 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
         num_cpus=ex.actor_num_cpus,
         compute=ray.data.ActorPoolStrategy(size=ex.num_actors),
     )
-    out = Path(cfg.output_dir).resolve() / "extracted"
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
+    out = storage.join(storage.absolute(cfg.output_dir), "extracted")
+    storage.remove(out)
     # One-batch blocks would make one small file each: the writer gathers rows_per_file rows.
     out_ds.write_datasink(StatusParquetSink(out, ex.rows_per_file))
     if driver_quarantine:
         from ctrlgen.schema import quarantine_to_table
 
-        out.mkdir(parents=True, exist_ok=True)  # the sink makes it only for rows that reach it
-        pq.write_table(quarantine_to_table(driver_quarantine), out / "reader-quarantine.parquet")
+        storage.write_parquet(quarantine_to_table(driver_quarantine), storage.join(out, "reader-quarantine.parquet"))
     ok, bad, cats = _count(out, driver_quarantine)
-    return ExtractSummary(ok + bad, ok, bad, cats, time.perf_counter() - t0, str(out))
+    return ExtractSummary(ok + bad, ok, bad, cats, time.perf_counter() - t0, out)
 
 
 def main(argv: list[str] | None = None) -> int:

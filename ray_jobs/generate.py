@@ -30,18 +30,18 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from ray.data import Datasink
 
+from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig, fingerprint
 from ctrlgen.errors import CtrlgenError
 
@@ -80,9 +80,11 @@ class GenerateActor:
 
             # The PEFT model generates with the learned prefix (the bare base model would skip it);
             # prompt learning leaves the base model itself untouched for the other modes.
-            tuned = load_prefix_model(model, adapter)
+            tuned = load_prefix_model(model, storage.local_copy(adapter))  # an s3:// adapter is downloaded
             self.prefix_engine = HFEngine(tuned, self.tokenizer, g.sampling, g.batch_size)
-        self.finetune = finetune or []
+        from ctrlgen.metrics.leakage import ValueIndex
+
+        self.finetune = ValueIndex(finetune or ())  # one automaton per actor, for every batch
         self.pool = build_pool(pool_rows, self.tokenizer, g.max_context_tokens)
         self.fictional = FictionalCodes(g.seed, exclude, same_counts=g.same_counts)
         self.done = 0
@@ -116,10 +118,10 @@ class GeneratedSink(Datasink[None]):
 
     COMMITS = "_commits"  # a leading underscore: Arrow's dataset readers skip it
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: str) -> None:
         import uuid
 
-        self.path = path
+        self.path = str(path)
         self.write_id = uuid.uuid4().hex[:12]
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> None:
@@ -131,44 +133,45 @@ class GeneratedSink(Datasink[None]):
         modes = table.column("mode")
         for mode in sorted(set(modes.to_pylist())):
             part = table.filter(pc.equal(modes, mode)).drop_columns(["mode"])
-            (self.path / f"mode={mode}").mkdir(parents=True, exist_ok=True)
-            pq.write_table(part, self.path / f"mode={mode}" / f"{name}.parquet")
+            storage.write_parquet(part, storage.join(self.path, f"mode={mode}", f"{name}.parquet"))
         docs = len(set(table.column("doc_id").to_pylist()))
-        (self.path / self.COMMITS).mkdir(parents=True, exist_ok=True)
-        (self.path / self.COMMITS / name).write_text(json.dumps({"rows": table.num_rows, "documents": docs}))
+        storage.write_text(
+            storage.join(self.path, self.COMMITS, name), json.dumps({"rows": table.num_rows, "documents": docs})
+        )
 
 
 class SkipDone:
     """map_batches: drop the targets whose rows are in the given committed files (read here, once)."""
 
     def __init__(self, files: list[str]) -> None:
-        ids = [pq.read_table(f, columns=["doc_id"]).column("doc_id") for f in files]
+        ids = [storage.parquet_file(f).read(columns=["doc_id"]).column("doc_id") for f in files]
         self.done = pa.chunked_array(ids, pa.string()).combine_chunks().unique() if ids else pa.array([], pa.string())
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         return batch.filter(pc.invert(pc.is_in(batch.column("doc_id"), value_set=self.done)))
 
 
-def _committed(out: Path, cfg: CtrlgenConfig) -> tuple[list[Path], int]:
+def _committed(out: str, cfg: CtrlgenConfig) -> tuple[list[str], int]:
     """Prepare ``out`` for a resumed run: (committed files of the first mode, documents done).
 
     Starts afresh (empty directory) when ``out`` was made with other settings.
     """
     from ray_jobs.common import reset_dir
 
-    stamp = out / "_settings.json"
+    stamp = storage.join(out, "_settings.json")
     fp = fingerprint(cfg, ("generation", "model", "corpus"))  # a resumed output must come from the same settings
-    if not stamp.is_file() or json.loads(stamp.read_text()).get("fingerprint") != fp:
-        reset_dir(out).mkdir(parents=True)
-        stamp.write_text(json.dumps({"fingerprint": fp}) + "\n")
+    if not storage.exists(stamp) or json.loads(storage.read_text(stamp)).get("fingerprint") != fp:
+        reset_dir(out)
+        storage.write_text(stamp, json.dumps({"fingerprint": fp}) + "\n")
         return [], 0
-    commits = out / GeneratedSink.COMMITS
-    done = {f.name: json.loads(f.read_text()) for f in commits.iterdir()} if commits.is_dir() else {}
-    cut = [f for f in out.glob("mode=*/*.parquet") if f.stem not in done]
+    commits = storage.join(out, GeneratedSink.COMMITS)
+    done = {posixpath.basename(f): json.loads(storage.read_text(f)) for f in storage.list_files(commits)}
+    written = storage.list_files(out, ".parquet")
+    cut = [f for f in written if posixpath.basename(f).removesuffix(".parquet") not in done]
     for f in cut:  # a block cut mid-write: its documents are generated again
-        f.unlink()
-    first = out / f"mode={cfg.generation.modes[0]}"
-    files = sorted(f for f in first.glob("*.parquet")) if first.is_dir() else []
+        storage.remove(f)
+    first = f"/mode={cfg.generation.modes[0]}/"
+    files = [f for f in written if first in f and f not in cut]
     if cut:
         print(f"generate: removed {len(cut)} uncommitted file(s) of an interrupted run", file=sys.stderr, flush=True)
     return files, sum(int(d["documents"]) for d in done.values())
@@ -207,15 +210,15 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
     t0 = time.perf_counter()
     adapter, finetune = None, None
     if "prefix" in g.modes:  # checked before anything runs
-        adapter = Path(g.adapter or Path(cfg.output_dir) / "adapter").resolve()
-        if not (adapter / "adapter_config.json").is_file():
+        adapter = storage.absolute(g.adapter or storage.join(cfg.output_dir, "adapter"))
+        if not storage.exists(storage.join(adapter, "adapter_config.json")):
             raise CtrlgenError(f"the prefix mode needs a PEFT adapter; {adapter} has none (run `ctrlgen train` first)")
-        finetune = finetune_values(g.finetune_data or Path(cfg.output_dir) / "train_data")
+        finetune = finetune_values(storage.absolute(g.finetune_data or storage.join(cfg.output_dir, "train_data")))
     src = extraction_input(cfg, g.input, "generation")
     ctx_src = extraction_input(cfg, g.context_input, "generation contexts") if g.context_input else src
     init_ray(cfg)
-    ds = ray.data.read_parquet(str(src)).select_columns(_COLUMNS)
-    ctx_ds = ray.data.read_parquet(str(ctx_src)).select_columns(_COLUMNS) if ctx_src != src else ds
+    ds = ray.data.read_parquet(src).select_columns(_COLUMNS)
+    ctx_ds = ray.data.read_parquet(ctx_src).select_columns(_COLUMNS) if ctx_src != src else ds
     exclude = ds.map_batches(values_of, batch_format="pyarrow").unique("value")
     if ctx_src != src:
         exclude = sorted(set(exclude) | set(ctx_ds.map_batches(values_of, batch_format="pyarrow").unique("value")))
@@ -232,13 +235,13 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
         targets = ray.data.from_items(seeded_sample(eligible, g.num_documents, g.seed, "targets", _COLUMNS))
     else:
         targets = eligible
-    out = Path(cfg.output_dir).resolve() / "generated"
+    out = storage.join(storage.absolute(cfg.output_dir), "generated")
     done_files, n_done = _committed(out, cfg) if resume else ([], 0)
     if not resume:
         reset_dir(out)
     if done_files:
         targets = targets.map_batches(
-            SkipDone, fn_constructor_kwargs={"files": [str(f) for f in done_files]}, batch_format="pyarrow",
+            SkipDone, fn_constructor_kwargs={"files": done_files}, batch_format="pyarrow",
             num_cpus=0.25, compute=ray.data.ActorPoolStrategy(size=1),
         )  # fmt: skip
     n_targets = targets.count()
@@ -259,7 +262,7 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
             "cfg_json": cfg.model_dump_json(),
             "pool_rows": pool,
             "exclude": list(exclude),
-            "adapter": str(adapter) if adapter else None,
+            "adapter": adapter,
             "finetune": finetune,
         },
         batch_size=per_block,
@@ -274,24 +277,21 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
     if not score:
         rows = _count_rows(out)
         _check(rows, total, g.modes, out)
-        return GenerateSummary(total, len(rows), 0, "(scored by a later stage)", time.perf_counter() - t0, str(out))
+        return GenerateSummary(total, len(rows), 0, "(scored by a later stage)", time.perf_counter() - t0, out)
     summary = score_output(cfg, out, finetune, total)
     summary.seconds = time.perf_counter() - t0
     return summary
 
 
-def _count_rows(out: Path) -> list[tuple[str, str]]:
-    import pyarrow.dataset as pads
-
-    files = sorted(str(f) for f in out.glob("mode=*/*.parquet"))
+def _count_rows(out: str) -> list[tuple[str, str]]:
+    files = storage.list_files(out, ".parquet")
     if not files:
         return []
-    ds = pads.dataset(files, format="parquet", partitioning="hive", partition_base_dir=str(out))
-    t = ds.to_table(columns=["mode", "doc_id"])
+    t = storage.dataset(files, base=out).to_table(columns=["mode", "doc_id"])
     return list(zip(t.column("mode").to_pylist(), t.column("doc_id").to_pylist(), strict=True))
 
 
-def _check(keys: list[tuple[str, str]], targets: int, modes: Sequence[str], out: Path) -> None:
+def _check(keys: list[tuple[str, str]], targets: int, modes: Sequence[str], out: str) -> None:
     """Counts balance: one row per (target, mode), none twice."""
     if len(keys) != targets * len(modes):
         raise CtrlgenError(f"{targets} targets x {len(modes)} modes but {len(keys)} rows written to {out}")
@@ -300,7 +300,7 @@ def _check(keys: list[tuple[str, str]], targets: int, modes: Sequence[str], out:
 
 
 def score_output(
-    cfg: CtrlgenConfig, out: Path, finetune: list[str] | None = None, targets: int | None = None
+    cfg: CtrlgenConfig, out: str, finetune: list[str] | None = None, targets: int | None = None
 ) -> GenerateSummary:
     """PIPP / ELP per mode of a generation output; writes leakage.md / .json beside it."""
     from ctrlgen.generation.report import finetune_values, leakage_by_mode, leakage_table, read_generated
@@ -308,16 +308,16 @@ def score_output(
     t0 = time.perf_counter()
     g = cfg.generation
     if finetune is None and "prefix" in g.modes:
-        finetune = finetune_values(g.finetune_data or Path(cfg.output_dir) / "train_data")
+        finetune = finetune_values(storage.absolute(g.finetune_data or storage.join(cfg.output_dir, "train_data")))
     rows = read_generated(out)
     n = targets if targets is not None else len({r["doc_id"] for r in rows})
     _check([(str(r["mode"]), str(r["doc_id"])) for r in rows], n, g.modes, out)
     stats = leakage_by_mode(rows, finetune)
     table = leakage_table(stats)
-    (out / "leakage.md").write_text(table + "\n", encoding="utf-8")
-    (out / "leakage.json").write_text(leakage_table(stats, "json") + "\n", encoding="utf-8")
+    storage.write_text(storage.join(out, "leakage.md"), table + "\n")
+    storage.write_text(storage.join(out, "leakage.json"), leakage_table(stats, "json") + "\n")
     quarantined = sum(s.quarantined for s in stats)
-    return GenerateSummary(n, len(rows), quarantined, table, time.perf_counter() - t0, str(out), stats)
+    return GenerateSummary(n, len(rows), quarantined, table, time.perf_counter() - t0, out, stats)
 
 
 def main(argv: list[str] | None = None) -> int:

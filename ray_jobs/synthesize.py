@@ -23,9 +23,9 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig, fingerprint
 
 __all__ = ["STAGES", "SynthesizeSummary", "main", "run"]
@@ -68,9 +68,9 @@ def _say(msg: str) -> None:
     print(f"synthesize: {msg}", file=sys.stderr, flush=True)
 
 
-def _with_inputs(cfg: CtrlgenConfig, out: Path) -> CtrlgenConfig:
+def _with_inputs(cfg: CtrlgenConfig, out: str) -> CtrlgenConfig:
     """The later stages read the extraction stage's output (not a fresh extraction of their own)."""
-    extracted = str(out / "extracted")
+    extracted = storage.join(out, "extracted")
     return cfg.model_copy(
         update={
             "generation": cfg.generation.model_copy(update={"input": cfg.generation.input or extracted}),
@@ -83,24 +83,23 @@ def run(cfg: CtrlgenConfig) -> SynthesizeSummary:
     from ray_jobs import extract, generate, train
 
     t0 = time.perf_counter()
-    out = Path(cfg.output_dir).resolve()
-    marks = out / "pipeline"
-    marks.mkdir(parents=True, exist_ok=True)
+    out = storage.absolute(cfg.output_dir)
+    marks = storage.join(out, "pipeline")
     fps = fingerprints(cfg)
     cfg = _with_inputs(cfg, out)
-    summary = SynthesizeSummary(output=str(out))
+    summary = SynthesizeSummary(output=out)
     rerun = False  # once a stage runs, every later one runs too
     for stage in STAGES:
-        mark = marks / f"{stage}.json"
+        mark = storage.join(marks, f"{stage}.json")
         if stage == "train" and "prefix" not in cfg.generation.modes:
             summary.stages[stage] = "not needed (no prefix mode)"
             continue
-        if not rerun and mark.is_file() and json.loads(mark.read_text()).get("fingerprint") == fps[stage]:
+        if not rerun and storage.exists(mark) and json.loads(storage.read_text(mark)).get("fingerprint") == fps[stage]:
             summary.stages[stage] = "skipped (done)"
             _say(f"stage {stage}: done in an earlier run, skipped")
             continue
         rerun = True
-        mark.unlink(missing_ok=True)
+        storage.remove(mark)
         _say(f"stage {stage}: running")
         s0 = time.perf_counter()
         result: Any
@@ -114,11 +113,11 @@ def run(cfg: CtrlgenConfig) -> SynthesizeSummary:
         elif stage == "generate":
             result = generate.run(cfg, resume=True, score=False)
         else:
-            result = generate.score_output(cfg, out / "generated")
+            result = generate.score_output(cfg, storage.join(out, "generated"))
         text = result.text()
         summary.stages[stage] = f"ran ({time.perf_counter() - s0:.1f} s)"
         summary.texts[stage] = text
-        mark.write_text(json.dumps({"fingerprint": fps[stage], "summary": text}, indent=2) + "\n")
+        storage.write_text(mark, json.dumps({"fingerprint": fps[stage], "summary": text}, indent=2) + "\n")
         _say(f"stage {stage}: done in {time.perf_counter() - s0:.1f} s")
     summary.seconds = time.perf_counter() - t0
     return summary

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import ConfigError, CtrlgenError
 
@@ -249,13 +249,11 @@ class TrainSummary:
         )
 
 
-def _count(path: Path) -> tuple[int, int]:
-    import pyarrow.dataset as pads
-
+def _count(path: str) -> tuple[int, int]:
     n = {}
     for status in ("ok", "quarantined"):
-        d = path / f"status={status}"
-        n[status] = pads.dataset(str(d), format="parquet").count_rows() if d.is_dir() else 0
+        files = storage.list_files(storage.join(path, f"status={status}"), ".parquet")
+        n[status] = storage.dataset(files).count_rows() if files else 0
     return n["ok"], n["quarantined"]
 
 
@@ -274,7 +272,7 @@ def _manifest(cfg: CtrlgenConfig) -> dict[str, Any]:
     return {
         "corpus": cfg.corpus.model_dump(mode="json"),
         "extraction": cfg.extraction.setting,
-        "input": str(Path(t.input).resolve()) if t.input else None,
+        "input": storage.absolute(t.input) if t.input else None,
         "model": cfg.model.name,
         "data": t.model_dump(
             mode="json", include={"max_doc_tokens", "max_code_tokens", "num_documents", "require_code", "seed"}
@@ -282,14 +280,14 @@ def _manifest(cfg: CtrlgenConfig) -> dict[str, Any]:
     }
 
 
-def _read_manifest(data_dir: Path) -> dict[str, Any] | None:
+def _read_manifest(data_dir: str) -> dict[str, Any] | None:
     try:
-        return json.loads((data_dir / _MANIFEST).read_text())  # type: ignore[no-any-return]
+        return json.loads(storage.read_text(storage.join(data_dir, _MANIFEST)))  # type: ignore[no-any-return]
     except (OSError, json.JSONDecodeError):
         return None
 
 
-def _tokenize(cfg: CtrlgenConfig, src: Path, data_dir: Path) -> tuple[int, int, int]:
+def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, int]:
     """Extraction rows -> training examples (Parquet by status); returns documents, ok, quarantined."""
     import ray
     from ray.data.datasource import FilenameProvider
@@ -305,7 +303,7 @@ def _tokenize(cfg: CtrlgenConfig, src: Path, data_dir: Path) -> tuple[int, int, 
     before = ctx.execution_options.preserve_order
     ctx.execution_options.preserve_order = True  # same input, same examples in the same order
     try:
-        ds = ray.data.read_parquet(str(src)).select_columns(_COLUMNS)
+        ds = ray.data.read_parquet(src).select_columns(_COLUMNS)
         eligible = ds.map_batches(has_code, batch_format="pyarrow") if t.require_code else ds
         if t.num_documents is not None:
             docs = ray.data.from_items(seeded_sample(eligible, t.num_documents, t.seed, "train", _COLUMNS))
@@ -318,7 +316,7 @@ def _tokenize(cfg: CtrlgenConfig, src: Path, data_dir: Path) -> tuple[int, int, 
             batch_format="pyarrow",
             num_cpus=0.5,
             compute=ray.data.ActorPoolStrategy(size=1),
-        ).write_parquet(str(data_dir), partition_cols=["status"], filename_provider=_Ordered())
+        ).write_parquet(data_dir, partition_cols=["status"], filename_provider=_Ordered())
     finally:
         ctx.execution_options.preserve_order = before
     n_docs = docs.count()
@@ -341,28 +339,29 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
     t = cfg.training
     t0 = time.perf_counter()
     ds_config = deepspeed_config(_resolve(t.deepspeed), t.batch_size, t.num_workers)
-    out = Path(cfg.output_dir).resolve()
-    storage = Path(t.storage_path).resolve() if t.storage_path else out / "ray_train"
+    out = storage.absolute(cfg.output_dir)
+    store = storage.absolute(t.storage_path) if t.storage_path else storage.join(out, "ray_train")
     if not t.resume:
-        reset_dir(storage / t.run_name)
-    data_dir = out / "train_data"
+        reset_dir(storage.join(store, t.run_name))
+    data_dir = storage.join(out, "train_data")
     manifest = _manifest(cfg)
-    reuse = (storage / t.run_name).is_dir()
+    reuse = storage.is_dir(storage.join(store, t.run_name))
     if reuse and _read_manifest(data_dir) != manifest:
         raise CtrlgenError(
-            f"run {t.run_name} in {storage} was trained on other examples than this config makes (or "
+            f"run {t.run_name} in {store} was trained on other examples than this config makes (or "
             f"{data_dir} is gone): set training.resume=false to start it afresh, or another training.run_name"
         )
     if reuse:  # a resumed run trains on exactly the examples (and order) it started with
-        counts = json.loads((data_dir / _COUNTS).read_text())
+        counts = json.loads(storage.read_text(storage.join(data_dir, _COUNTS)))
         n_docs, ok, bad = counts["documents"], counts["ok"], counts["quarantined"]
         print(f"train: resuming run {t.run_name}: reusing the examples in {data_dir}", file=sys.stderr, flush=True)
     else:
         src = extraction_input(cfg, t.input, "train")
         init_ray(cfg)
         n_docs, ok, bad = _tokenize(cfg, src, reset_dir(data_dir))
-        (data_dir / _COUNTS).write_text(json.dumps({"documents": n_docs, "ok": ok, "quarantined": bad}) + "\n")
-        (data_dir / _MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        counts = {"documents": n_docs, "ok": ok, "quarantined": bad}
+        storage.write_text(storage.join(data_dir, _COUNTS), json.dumps(counts) + "\n")
+        storage.write_text(storage.join(data_dir, _MANIFEST), json.dumps(manifest, indent=2) + "\n")
     init_ray(cfg)
     steps_per_epoch = ok // t.batch_size // t.num_workers  # full rounds of one batch per worker
     if steps_per_epoch == 0:
@@ -376,8 +375,10 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
         file=sys.stderr,
         flush=True,
     )
-    storage.mkdir(parents=True, exist_ok=True)
-    train_ds = ray.data.read_parquet(str(data_dir / "status=ok")).select_columns(["input_ids", "labels", "private"])
+    storage.makedirs(store)
+    train_ds = ray.data.read_parquet(storage.join(data_dir, "status=ok")).select_columns(
+        ["input_ids", "labels", "private"]
+    )
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -391,7 +392,7 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
         ),
         run_config=RunConfig(
             name=t.run_name,
-            storage_path=str(storage),
+            storage_path=store,  # a local path or a URI: Ray Train writes checkpoints through pyarrow.fs
             checkpoint_config=CheckpointConfig(num_to_keep=t.keep_checkpoints),
             failure_config=FailureConfig(max_failures=t.max_failures),
             worker_runtime_env={"env_vars": dict(t.worker_env)},
@@ -402,15 +403,14 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
     )
     result = trainer.fit()
     if result.checkpoint is None:
-        raise CtrlgenError(f"training run {t.run_name} ended without a checkpoint in {storage}")
-    adapter = reset_dir(out / "adapter")
-    logs = out / "training"
-    logs.mkdir(parents=True, exist_ok=True)
+        raise CtrlgenError(f"training run {t.run_name} ended without a checkpoint in {store}")
+    adapter = storage.join(out, "adapter")
+    logs = storage.join(out, "training")
     with result.checkpoint.as_directory() as d:
-        shutil.copytree(Path(d) / "adapter", adapter)
+        storage.upload(os.path.join(d, "adapter"), adapter)
         history = _read_jsonl(Path(d, _HISTORY))
         final_state = json.loads(Path(d, _STATE).read_text())
-    _write_jsonl(logs / _HISTORY, history)
+    storage.write_text(storage.join(logs, _HISTORY), "".join(json.dumps(r) + "\n" for r in history))
     steps = int(final_state["step"])
     resumed_from = int(final_state.get("resumed_from", 0))
     this_run = [h for h in history if h["step"] > resumed_from]
@@ -420,7 +420,7 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
         quarantined=bad,
         steps=steps,
         resumed_from=resumed_from,
-        adapter=str(adapter),
+        adapter=adapter,
         seconds=time.perf_counter() - t0,
         final=this_run[-1] if this_run else {},
     )
@@ -428,7 +428,7 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
     if timed:
         summary.mean_step_seconds = sum(h["step_seconds"] for h in timed) / len(timed)
         summary.mean_tokens_per_s = sum(h["tokens_per_s"] for h in timed) / len(timed)
-    (logs / "summary.json").write_text(json.dumps(asdict(summary), indent=2) + "\n", encoding="utf-8")
+    storage.write_text(storage.join(logs, "summary.json"), json.dumps(asdict(summary), indent=2) + "\n")
     return summary
 
 

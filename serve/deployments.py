@@ -19,13 +19,14 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ray import serve
 
+from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import CtrlgenError
+from ctrlgen.metrics.leakage import ValueIndex
 from serve.metrics import metrics
 
 __all__ = ["Extractor", "Generator", "Scorer", "ScorerShard", "contexts_path", "references_path"]
@@ -82,16 +83,17 @@ class Generator:
         self.engines: dict[str | None, HFEngine] = {
             None: HFEngine(model, tokenizer, g.sampling, sv.generator_batch_size)
         }
-        self.finetune: dict[str, list[str]] = {}
+        self.finetune: dict[str, ValueIndex] = {}
         if sv.adapters:
             from ctrlgen.training.prefix import load_prefix_model
 
             for name, path in sv.adapters.items():
                 # Prefix tuning leaves the base model untouched: each adapter wraps the same weights.
+                # A local path or a URI (an s3:// adapter is downloaded once, here).
                 self.engines[name] = HFEngine(
-                    load_prefix_model(model, path), tokenizer, g.sampling, sv.generator_batch_size
+                    load_prefix_model(model, storage.local_copy(path)), tokenizer, g.sampling, sv.generator_batch_size
                 )
-                self.finetune[name] = finetune_values(Path(path).parent / "train_data")
+                self.finetune[name] = ValueIndex(finetune_values(storage.join(storage.parent(path), "train_data")))
         src = contexts_path(cfg)
         self.planner = SynthesisPlanner(
             load_pool_rows(src, g),
@@ -120,7 +122,7 @@ class Generator:
             seed=req["seed"],
             control_code=req.get("control_code"),
             max_new_tokens=req["max_new_tokens"],
-            finetune_values=self.finetune.get(adapter, []) if mode == "prefix" and adapter else (),
+            finetune_values=self.finetune[adapter] if mode == "prefix" and adapter else (),
         )
         gate = self.gate.enabled and mode in self.gate.modes
         items = [_Item(p.work, adapter if mode == "prefix" else None, gate, mode) for p in planned]

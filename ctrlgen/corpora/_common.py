@@ -31,7 +31,7 @@ def require_file(path: str | Path, what: str) -> Path:
     return p
 
 
-def open_csv_as_bytes(path: Path, block_size: int = 16 << 20) -> tuple[list[str], pacsv.CSVStreamingReader]:
+def open_csv_as_bytes(path: str | Path, block_size: int = 16 << 20) -> tuple[list[str], pacsv.CSVStreamingReader]:
     """Stream a CSV (optionally compressed) with every column as bytes.
 
     Bytes, so that a row with non-UTF-8 bytes can be quarantined on its own
@@ -40,12 +40,20 @@ def open_csv_as_bytes(path: Path, block_size: int = 16 << 20) -> tuple[list[str]
     Raises:
         CorpusError: the file cannot be opened or its header is not UTF-8.
     """
+    from ctrlgen import storage
+
+    def stream() -> pa.NativeFile:
+        if storage.is_uri(str(path)):
+            fs, inner = storage.filesystem(str(path))
+            return fs.open_input_stream(inner, compression="detect")
+        return pa.input_stream(str(path), compression="detect")
+
     try:
-        with pa.input_stream(str(path), compression="detect") as fh:
+        with stream() as fh:
             header = fh.read(1 << 16).split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8")
         names = [c.strip().strip('"') for c in header.split(",")]
         reader = pacsv.open_csv(
-            pa.input_stream(str(path), compression="detect"),
+            stream(),
             read_options=pacsv.ReadOptions(block_size=block_size),
             parse_options=pacsv.ParseOptions(newlines_in_values=True),
             convert_options=pacsv.ConvertOptions(column_types={n: pa.binary() for n in names}),

@@ -80,8 +80,10 @@ def _check_columns(names: list[str], source: Path) -> None:
 
 def open_parquet(shard: str | Path) -> pq.ParquetFile:
     """Open a Parquet file (its footer only), or raise :class:`CorpusError` naming it."""
+    from ctrlgen import storage
+
     try:
-        return pq.ParquetFile(shard)
+        return storage.parquet_file(str(shard)) if storage.is_uri(str(shard)) else pq.ParquetFile(shard)
     except (pa.ArrowException, OSError) as exc:
         raise CorpusError(f"{shard}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ctrlgen.generation.engine import GenerationEngine, GenerationRequest, GenerationResult
-from ctrlgen.metrics.leakage import leaked_values
+from ctrlgen.metrics.leakage import ValueIndex, leaked_values
 
 __all__ = ["GatedResult", "gated_generate"]
 
@@ -46,7 +46,7 @@ class GatedResult:
 def gated_generate(
     engine: GenerationEngine,
     requests: Sequence[GenerationRequest],
-    known_values: Sequence[Sequence[str]],
+    known_values: Sequence[Sequence[str] | ValueIndex],
     *,
     max_retries: int = 3,
     enabled: bool | Sequence[bool] = True,

@@ -40,6 +40,7 @@ from ctrlgen.fictional import FictionalCodes, code_values
 from ctrlgen.generation.blocking import banned_sequences
 from ctrlgen.generation.engine import GenerationEngine, GenerationRequest
 from ctrlgen.generation.gate import gated_generate
+from ctrlgen.metrics.leakage import ValueIndex, as_index
 from ctrlgen.prompts import baseline_prompt, icl_prompt, prefix_prompt, stop_strings, truncate_to_tokens
 
 __all__ = [
@@ -127,7 +128,8 @@ class ModeRequest:
     """One output to generate: the engine request and what the release gate checks it against."""
 
     request: GenerationRequest
-    known: tuple[str, ...]  # values whose appearance is a leak (context values, or fine-tuning values)
+    # Values whose appearance is a leak: context values, or the fine-tuning set's index (prefix mode).
+    known: tuple[str, ...] | ValueIndex
 
 
 def mode_request(
@@ -136,7 +138,7 @@ def mode_request(
     fictional_code: str,
     seed: int,
     banned_of: Callable[[ContextDoc], tuple[tuple[int, ...], ...]],
-    finetune_values: Sequence[str] = (),
+    finetune_values: Sequence[str] | ValueIndex = (),
     max_new_tokens: int | None = None,
 ) -> ModeRequest:
     """The prompt, banned sequences, stop strings and known values of one output of ``mode``.
@@ -159,7 +161,11 @@ def mode_request(
         for c in contexts:
             merged.update(dict.fromkeys(banned_of(c)))
         banned = tuple(merged)
-    known = tuple(finetune_values) if mode == "prefix" else tuple(sorted({v for c in contexts for v in c.values}))
+    known: tuple[str, ...] | ValueIndex
+    if mode == "prefix":  # one shared index: a million fine-tuning values are not copied per output
+        known = as_index(finetune_values)
+    else:
+        known = tuple(sorted({v for c in contexts for v in c.values}))
     req = GenerationRequest(prompt, banned, seed, tuple(stop_strings(mode)), max_new_tokens)
     return ModeRequest(req, known)
 
@@ -181,7 +187,7 @@ def generate_rows(
     fictional: FictionalCodes,
     progress: Callable[[str], None] | None = None,
     prefix_engine: GenerationEngine | None = None,
-    finetune_values: Sequence[str] = (),
+    finetune_values: Sequence[str] | ValueIndex = (),
 ) -> pa.Table:
     """Generate every configured mode for every target row; one output row per (row, mode).
 
@@ -195,7 +201,8 @@ def generate_rows(
         raise CtrlgenError(f"context pool has {len(pool)} documents; need at least {cfg.n_context + 1}")
     if "prefix" in cfg.modes and prefix_engine is None:
         raise CtrlgenError("the prefix mode needs the prefix-tuned model (generation.adapter)")
-    finetune = sorted(set(finetune_values))
+    # Built once per call when given as values; callers with many batches pass a ValueIndex.
+    finetune = as_index(finetune_values) if "prefix" in cfg.modes else ValueIndex(())
     out: list[dict[str, Any]] = []
     banned_cache: dict[str, tuple[tuple[int, ...], ...]] = {}
 
@@ -224,7 +231,7 @@ def generate_rows(
     # Per mode: the requests of this batch, their known values, and the row skeletons.
     for mode in cfg.modes:
         requests: list[GenerationRequest] = []
-        known: list[list[str]] = []
+        known: list[tuple[str, ...] | ValueIndex] = []
         skeletons: list[dict[str, Any]] = []
         for doc_id, contexts, values, fake, error in prepared:
             if mode != "baseline" and error:
@@ -233,7 +240,7 @@ def generate_rows(
             mr = mode_request(mode, contexts, fake, row_seed(cfg.seed, doc_id, mode), banned_of, finetune)
             requests.append(mr.request)
             prefix = mode == "prefix"
-            known.append(list(mr.known))
+            known.append(mr.known)
             skeletons.append(
                 {"doc_id": doc_id, "mode": mode, "context_ids": [] if prefix else [c.doc_id for c in contexts],
                  "fictional_code": fake if mode != "baseline" else "", "context_values": [] if prefix else values}

@@ -44,32 +44,28 @@ def read_generated(path: str | Path) -> list[dict[str, Any]]:
 
     The order does not depend on the writer's file names (Ray names files by task),
     so order-sensitive consumers (downstream fine-tuning, MAUVE's clustering, BM25
-    ties) see the same sequence in every run.
+    ties) see the same sequence in every run. ``path`` may be a URI (``s3://...``).
     """
-    import pyarrow.dataset as pads
+    from ctrlgen import storage
 
-    root = Path(path)
-    files = sorted(str(f) for f in root.rglob("*.parquet")) if root.is_dir() else []
+    root = str(path)
+    files = storage.parquet_files(root)
     if not files:
         raise CtrlgenError(f"{root} holds no generated Parquet files (run `ctrlgen generate` first)")
-    ds = pads.dataset(files, format="parquet", partitioning="hive", partition_base_dir=str(root))
-    return sorted(ds.to_table().to_pylist(), key=lambda r: (str(r["mode"]), str(r["doc_id"])))
+    table = storage.dataset(files, base=root).to_table()
+    return sorted(table.to_pylist(), key=lambda r: (str(r["mode"]), str(r["doc_id"])))
 
 
 def finetune_values(path: str | Path) -> list[str]:
     """The distinct private values of a fine-tuning set (the ``control_code`` column of its Parquet)."""
-    import pyarrow.dataset as pads
-
+    from ctrlgen import storage
     from ctrlgen.codes import parse_control_code
     from ctrlgen.fictional import code_values
 
-    root = Path(path)
-    if (root / "status=ok").is_dir():
-        root = root / "status=ok"
-    files = sorted(str(f) for f in root.rglob("*.parquet")) if root.is_dir() else []
+    files = storage.parquet_files(str(path), within="status=ok")
     if not files:
-        raise CtrlgenError(f"{root} holds no training examples (the prefix mode needs `ctrlgen train`'s train_data)")
-    codes = pads.dataset(files, format="parquet").to_table(columns=["control_code"]).column("control_code")
+        raise CtrlgenError(f"{path} holds no training examples (the prefix mode needs `ctrlgen train`'s train_data)")
+    codes = storage.dataset(files).to_table(columns=["control_code"]).column("control_code")
     return sorted({v for c in codes.to_pylist() for v in code_values(parse_control_code(c or ""))})
 
 

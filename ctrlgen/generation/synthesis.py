@@ -50,6 +50,7 @@ from ctrlgen.generation.icl import (
     row_seed,
     select_pool,
 )
+from ctrlgen.metrics.leakage import ValueIndex
 
 __all__ = ["PlannedOutput", "SynthesisPlanner", "corpus_values", "iter_extracted", "load_pool_rows"]
 
@@ -58,15 +59,12 @@ _COLUMNS = ["doc_id", "text", "control_code"]
 
 def iter_extracted(path: str | Path, batch_rows: int = 4096) -> Iterator[list[dict[str, Any]]]:
     """Batches of (doc_id, text, control_code) rows of an extraction output (its status=ok part)."""
-    import pyarrow.dataset as pads
+    from ctrlgen import storage
 
-    root = Path(path)
-    if (root / "status=ok").is_dir():
-        root = root / "status=ok"
-    files = sorted(str(f) for f in root.rglob("*.parquet")) if root.is_dir() else []
+    files = storage.parquet_files(str(path), within="status=ok")
     if not files:
-        raise CtrlgenError(f"{root} holds no Parquet files (an extraction output is expected: run `ctrlgen extract`)")
-    for batch in pads.dataset(files, format="parquet").to_batches(columns=_COLUMNS, batch_size=batch_rows):
+        raise CtrlgenError(f"{path} holds no Parquet files (an extraction output is expected: run `ctrlgen extract`)")
+    for batch in storage.dataset(files).to_batches(columns=_COLUMNS, batch_size=batch_rows):
         yield batch.to_pylist()
 
 
@@ -136,7 +134,7 @@ class SynthesisPlanner:
         seed: int = 0,
         control_code: str | None = None,
         max_new_tokens: int | None = None,
-        finetune_values: Sequence[str] = (),
+        finetune_values: Sequence[str] | ValueIndex = (),
     ) -> list[PlannedOutput]:
         """The ``n`` outputs of one request; raises :class:`CtrlgenError` for a code that cannot be used."""
         given = None

@@ -29,7 +29,7 @@ import pyarrow as pa
 from ctrlgen.errors import CtrlgenError
 from ctrlgen.generation.report import FINETUNE_MODES
 from ctrlgen.metrics.context import KS, context_windows, leaks_by_k, merge_windows
-from ctrlgen.metrics.leakage import leaked_values, normalize_value, value_matcher
+from ctrlgen.metrics.leakage import ValueIndex, leaked_values, normalize_value
 from ctrlgen.metrics.rouge import RougeIndex
 
 __all__ = ["LONG_VALUE", "RECORD_SCHEMA", "Evaluator", "RealDoc", "aggregate"]
@@ -86,7 +86,7 @@ class Evaluator:
         self.ft_values = sorted({normalize_value(v) for d in self.ft_docs for v in d.values if v.strip()})
         self._ft_index: RougeIndex | None = None
         self._ft_windows: dict[int, set[tuple[str, ...]]] | None = None
-        self._ft_matcher = value_matcher(self.ft_values)
+        self._ft_values = ValueIndex(self.ft_values)
         self._windows: dict[str, dict[int, set[tuple[str, ...]]]] = {}
         self._contexts: dict[tuple[str, ...], _Refs] = {}  # the modes of one target share its contexts
 
@@ -126,14 +126,13 @@ class Evaluator:
         text = row["text"]
         if row["mode"] in FINETUNE_MODES:
             index, windows = self._finetune_refs()
-            values: Sequence[str] = self.ft_values
-            leaked = leaked_values(text, values, self._ft_matcher)
+            leaked, n_values = self._ft_values.find(text), len(self.ft_values)
         else:
             index, windows, values = self._context_refs(rec["doc_id"], row["context_ids"])
-            leaked = leaked_values(text, values)
+            leaked, n_values = leaked_values(text, values), len(values)
         best = index.best(text)
         by_k = leaks_by_k(text, windows) if windows else {}
-        return {**rec, "leaked": sorted(leaked), "n_values": len(values), "rouge2": best.rouge2,
+        return {**rec, "leaked": sorted(leaked), "n_values": n_values, "rouge2": best.rouge2,
                 "rougeL": best.rougeL, **{f"ctx_{k}": bool(by_k.get(k, False)) for k in KS},
                 "exact_calls": best.exact_calls}  # fmt: skip
 

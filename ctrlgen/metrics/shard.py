@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ctrlgen.metrics.leakage import leaked_values, normalize_value, value_matcher
+from ctrlgen.metrics.leakage import ValueIndex, normalize_value
 from ctrlgen.metrics.rouge import RougeIndex
 
 __all__ = [
@@ -138,7 +138,7 @@ class ReferenceShard:
         self.doc_ids = ids
         self.values = sorted(values)
         self._index = RougeIndex(texts)
-        self._matcher = value_matcher(self.values)
+        self._values = ValueIndex(self.values)
 
     @property
     def n_values(self) -> int:
@@ -162,7 +162,7 @@ class ReferenceShard:
             raise ValueError(f"{len(floors)} floors for {len(texts)} texts")
         out = []
         for k, text in enumerate(texts):
-            leaked = leaked_values(text, self.values, self._matcher) if self._matcher is not None else set()
+            leaked = self._values.find(text)
             best = self._index.best(text, floors[k] if floors is not None else 0.0)
             out.append(
                 ShardScore(

@@ -1,6 +1,11 @@
-"""Integration fixtures: a real local Ray cluster per test module."""
+"""Integration fixtures: a real local Ray cluster per test module, a real S3-compatible server."""
 
 import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 import pytest
 
@@ -13,3 +18,55 @@ def ray_cluster():
     ray.init(address="local", num_cpus=4, include_dashboard=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+S3_BUCKET = "ctrlgen-test"
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's S3 server on 127.0.0.1 (a real HTTP server speaking the S3 API, not a mock in
+    this process), with one bucket. Yields the environment variables that point boto3,
+    pyarrow's S3 file system and every Ray worker started with them at it."""
+    port = _free_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    log = open(tmp_path_factory.mktemp("s3") / "moto.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(env["AWS_ENDPOINT_URL"], timeout=2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's S3 server did not start (see {log.name})") from None
+                time.sleep(0.2)
+        os.environ.update(env)  # this process' pyarrow and boto3 too
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket=S3_BUCKET)
+        yield env
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

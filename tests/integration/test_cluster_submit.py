@@ -37,11 +37,12 @@ def _free_port():
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory):
+def head(tmp_path_factory, s3_server):
     tmp = tmp_path_factory.mktemp("head")
     port, dash = 6391 + os.getpid() % 50, 8300 + os.getpid() % 50
     env = dict(
         os.environ,
+        **s3_server,  # the cluster's credentials and endpoint for s3:// (an instance role, on a real cluster)
         RAY_STATE=str(tmp / "state"),
         GCS_PORT=str(port),
         DASHBOARD_PORT=str(dash),
@@ -97,16 +98,25 @@ def test_submit_extraction(head, tmp_path):
     assert 390 <= ok <= 400
 
 
-def test_submit_the_synthesize_pipeline_then_resubmit_skips_it(head, tmp_path, shared):
+def test_submit_the_synthesize_pipeline_on_s3_then_resubmit_skips_it(head, tmp_path, shared):
+    """Input corpus and every output in s3:// (the S3 server of the tests); the job runs on the head's cluster."""
+    from ctrlgen import storage
+    from ctrlgen.config import PhysionetCorpusConfig
+    from ctrlgen.corpora import read_corpus
+    from ctrlgen.io import write_records
+
     env, _, _ = head
-    out_dir = tmp_path / "synth"
-    args = ["synthesize", "-c", "configs/generate_tiny.yaml", f"output_dir={out_dir}", "generation.num_documents=4",
-            f"corpus.path={shared / 'physionet-deid'}", "generation.num_actors=1"]  # fmt: skip
+    corpus, out = "s3://ctrlgen-test/submit-corpus", "s3://ctrlgen-test/submit-run"
+    src = PhysionetCorpusConfig(path=str(shared / "physionet-deid"), identifiers="direct+quasi", limit=120)
+    write_records(read_corpus(src), tmp_path / "docs")  # ctrlgen's document shards, gold spans included
+    storage.upload(str(tmp_path / "docs"), corpus)
+    args = ["synthesize", "-c", "configs/generate_tiny.yaml", f"output_dir={out}", "generation.num_documents=4",
+            "corpus.format=mimic", f"corpus.path={corpus}", "corpus.limit=null", "generation.num_actors=1"]  # fmt: skip
     res = _submit(env, args)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     for stage in ("extract", "generate", "score"):
-        assert (out_dir / "pipeline" / f"{stage}.json").is_file()
-    table = json.loads((out_dir / "generated" / "leakage.json").read_text())
+        assert storage.exists(f"{out}/pipeline/{stage}.json")
+    table = json.loads(storage.read_text(f"{out}/generated/leakage.json"))
     assert {r["mode"] for r in table} == {"baseline", "icl", "icl_blocking"}
     again = _submit(env, args)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from ctrlgen.metrics.leakage import elp_finetune, elp_icl, leaked_values, pipp_finetune, pipp_icl
+from ctrlgen.metrics.leakage import ValueIndex, elp_finetune, elp_icl, leaked_values, pipp_finetune, pipp_icl
 
 
 @pytest.mark.parametrize(
@@ -46,3 +48,28 @@ def test_finetune_definitions_use_the_whole_set() -> None:
 def test_mismatched_lengths_are_an_error() -> None:
     with pytest.raises(ValueError):
         pipp_icl(["a"], [])
+
+
+# --- ValueIndex: one Aho-Corasick automaton, the same matches as the per-value regex ---
+
+_ALPHABET = "ab Z.$-_,1é\n\tß"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(alphabet=_ALPHABET, max_size=40),
+    values=st.lists(st.text(alphabet=_ALPHABET, min_size=1, max_size=6), max_size=8),
+)
+def test_value_index_finds_what_the_regex_finds(text, values):
+    assert ValueIndex(values).find(text) == leaked_values(text, values)
+
+
+def test_value_index_boundaries_overlaps_and_pickling():
+    import pickle
+
+    index = ValueIndex(["Smith", "John Smith", "Dr.", "$87,500", "  ", "Ann"])
+    assert len(index) == 5  # blank values are not values
+    assert index.find("Seen by DR. john\n smith, paid $87,500.") == {"dr.", "john smith", "smith", "$87,500"}
+    assert index.find("Smithson and Joann and x$87,500") == set()  # word characters on a side: no match
+    assert pickle.loads(pickle.dumps(index)).find("ann") == {"ann"}
+    assert ValueIndex([]).find("anything") == set() and leaked_values("Ann", index) == {"ann"}

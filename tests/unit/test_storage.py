@@ -14,6 +14,10 @@ def test_uris_keep_their_scheme_and_bucket():
     assert storage.join("runs/x", "generated") == "runs/x/generated"
     assert storage.is_uri("gs://b/x") and storage.is_uri("file:///tmp/x")
     assert not storage.is_uri("runs/x") and not storage.is_uri("C://x")
+    assert storage.parent("s3://b/run/adapter/") == "s3://b/run"
+    assert storage.parent("s3://b/run/adapter?scheme=http") == "s3://b/run?scheme=http"
+    assert storage.parent("/x/run/adapter") == "/x/run"
+    assert storage.absolute("s3://b/x") == "s3://b/x" and storage.absolute("x").startswith("/")
 
 
 @pytest.mark.parametrize("kind", ["plain", "file"])
