@@ -45,7 +45,16 @@ from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig, fingerprint
 from ctrlgen.errors import CtrlgenError
 
-__all__ = ["GenerateActor", "GenerateSummary", "GeneratedSink", "SkipDone", "main", "run", "score_output"]
+__all__ = [
+    "GenerateActor",
+    "GenerateSummary",
+    "GeneratedSink",
+    "LeakageTermsActor",
+    "SkipDone",
+    "main",
+    "run",
+    "score_output",
+]
 
 _COLUMNS = ["doc_id", "text", "control_code"]
 
@@ -59,7 +68,7 @@ class GenerateActor:
         pool_rows: list[dict[str, Any]],
         exclude: list[str],
         adapter: str | None = None,
-        finetune: list[str] | None = None,
+        finetune: Any = None,
     ) -> None:
         import torch
 
@@ -82,9 +91,7 @@ class GenerateActor:
             # prompt learning leaves the base model itself untouched for the other modes.
             tuned = load_prefix_model(model, storage.local_copy(adapter))  # an s3:// adapter is downloaded
             self.prefix_engine = HFEngine(tuned, self.tokenizer, g.sampling, g.batch_size)
-        from ctrlgen.metrics.leakage import ValueIndex
-
-        self.finetune = ValueIndex(finetune or ())  # one automaton per actor, for every batch
+        self.finetune = _resolve_index(finetune)  # one automaton, built by the driver, for every batch
         self.pool = build_pool(pool_rows, self.tokenizer, g.max_context_tokens)
         self.fictional = FictionalCodes(g.seed, exclude, same_counts=g.same_counts)
         self.done = 0
@@ -107,6 +114,17 @@ class GenerateActor:
         )  # fmt: skip
         record_generate(out)
         return out
+
+
+def _resolve_index(finetune: Any) -> Any:
+    """An actor's fine-tuning value index: given, fetched from the object store, or empty."""
+    import ray
+
+    from ctrlgen.metrics.leakage import ValueIndex
+
+    if isinstance(finetune, ray.ObjectRef):
+        finetune = ray.get(finetune)
+    return finetune if isinstance(finetune, ValueIndex) else ValueIndex(finetune or ())
 
 
 class GeneratedSink(Datasink[None]):
@@ -203,6 +221,7 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
     import ray
 
     from ctrlgen.generation.report import finetune_values
+    from ctrlgen.metrics.leakage import ValueIndex
     from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample, values_of
     from ray_jobs.runtime import init_ray
 
@@ -263,7 +282,7 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
             "pool_rows": pool,
             "exclude": list(exclude),
             "adapter": adapter,
-            "finetune": finetune,
+            "finetune": ray.put(ValueIndex(finetune)) if finetune else None,  # one automaton, shared
         },
         batch_size=per_block,
         batch_format="pyarrow",
@@ -275,49 +294,150 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
         out_ds.write_datasink(GeneratedSink(out))
     total = n_targets + n_done
     if not score:
-        rows = _count_rows(out)
-        _check(rows, total, g.modes, out)
-        return GenerateSummary(total, len(rows), 0, "(scored by a later stage)", time.perf_counter() - t0, out)
+        rows = _check(_count_rows(out), total, g.modes, out)
+        return GenerateSummary(total, rows, 0, "(scored by a later stage)", time.perf_counter() - t0, out)
     summary = score_output(cfg, out, finetune, total)
     summary.seconds = time.perf_counter() - t0
     return summary
 
 
-def _count_rows(out: str) -> list[tuple[str, str]]:
+class LeakageTermsActor:
+    """map_batches: the per-row leakage terms of generated rows (the fine-tuning index is built
+    once per actor, from values put in the object store once by the driver)."""
+
+    def __init__(self, finetune: Any) -> None:
+        self.index = _resolve_index(finetune)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from ctrlgen.generation.report import leakage_terms
+
+        terms = leakage_terms(batch.to_pylist(), self.index)
+        return pa.Table.from_pylist(terms, schema=_TERMS_SCHEMA)
+
+
+def _terms_schema() -> pa.Schema:
+    from ctrlgen.generation.report import TERM_COLUMNS, VALUE_COLUMNS
+
+    return pa.schema(
+        [("mode", pa.string())]
+        + [(c, pa.float64()) for c in TERM_COLUMNS]
+        + [(c, pa.list_(pa.string())) for c in VALUE_COLUMNS]
+    )
+
+
+_TERMS_SCHEMA = _terms_schema()
+
+
+def _explode_values(batch: pa.Table) -> pa.Table:
+    """(mode, column, value) for every leaked value of every row (fine-tuning modes only have any)."""
+    from ctrlgen.generation.report import VALUE_COLUMNS
+
+    parts = []
+    for c in VALUE_COLUMNS:
+        col = batch.column(c)
+        idx = pc.list_parent_indices(col)
+        parts.append(
+            pa.table({
+                "mode": batch.column("mode").take(idx),
+                "kind": pa.array([c] * len(idx), pa.string()),
+                "value": pc.list_flatten(col),
+            })
+        )  # fmt: skip
+    return pa.concat_tables(parts)
+
+
+def _generated_dataset(out: str) -> Any:
+    import ray
+
     files = storage.list_files(out, ".parquet")
     if not files:
-        return []
-    t = storage.dataset(files, base=out).to_table(columns=["mode", "doc_id"])
-    return list(zip(t.column("mode").to_pylist(), t.column("doc_id").to_pylist(), strict=True))
+        raise CtrlgenError(f"{out} holds no generated Parquet files (run `ctrlgen generate` first)")
+    from ray.data.datasource import Partitioning
+
+    return ray.data.read_parquet(files, partitioning=Partitioning("hive", base_dir=out))
 
 
-def _check(keys: list[tuple[str, str]], targets: int, modes: Sequence[str], out: str) -> None:
-    """Counts balance: one row per (target, mode), none twice."""
-    if len(keys) != targets * len(modes):
-        raise CtrlgenError(f"{targets} targets x {len(modes)} modes but {len(keys)} rows written to {out}")
-    if len(set(keys)) != len(keys):
-        raise CtrlgenError(f"{len(keys) - len(set(keys))} (document, mode) rows written twice to {out}")
+def _counts(ds: Any) -> dict[str, tuple[int, int]]:
+    """mode -> (rows, distinct documents), aggregated by Ray Data (no row reaches the driver)."""
+    from ray.data.aggregate import Count, CountDistinct
+
+    got = ds.select_columns(["mode", "doc_id"]).groupby("mode").aggregate(Count(), CountDistinct("doc_id")).take_all()
+    return {str(r["mode"]): (int(r["count()"]), int(r["count_distinct(doc_id)"])) for r in got}
+
+
+def _check(counts: dict[str, tuple[int, int]], targets: int, modes: Sequence[str], out: str) -> int:
+    """Counts balance: one row per (target, mode), none twice. Returns the number of rows."""
+    rows = sum(n for n, _ in counts.values())
+    if set(counts) - set(modes) or rows != targets * len(modes) or any(n != targets for n, _ in counts.values()):
+        per_mode = ", ".join(f"{m} {n}" for m, (n, _) in sorted(counts.items()))
+        raise CtrlgenError(f"{targets} targets x {len(modes)} modes but rows per mode {per_mode or 'none'} in {out}")
+    twice = sum(n - d for n, d in counts.values())
+    if twice:
+        raise CtrlgenError(f"{twice} (document, mode) rows written twice to {out}")
+    return rows
+
+
+def _count_rows(out: str) -> dict[str, tuple[int, int]]:
+    return _counts(_generated_dataset(out)) if storage.list_files(out, ".parquet") else {}
 
 
 def score_output(
     cfg: CtrlgenConfig, out: str, finetune: list[str] | None = None, targets: int | None = None
 ) -> GenerateSummary:
-    """PIPP / ELP per mode of a generation output; writes leakage.md / .json beside it."""
-    from ctrlgen.generation.report import finetune_values, leakage_by_mode, leakage_table, read_generated
+    """PIPP / ELP per mode of a generation output; writes leakage.md / .json beside it.
+
+    Distributed: actors compute each row's leakage terms (:func:`ctrlgen.generation.report.leakage_terms`,
+    the fine-tuning values matched by one automaton per actor), Ray Data sums them per mode and
+    counts distinct leaked values; the driver only sees one row per mode.
+    """
+    import ray
+    from ray.data.aggregate import CountDistinct, Sum
+
+    from ctrlgen.generation.report import (
+        FINETUNE_MODES,
+        TERM_COLUMNS,
+        finetune_values,
+        leakage_from_terms,
+        leakage_table,
+    )
+    from ctrlgen.metrics.leakage import ValueIndex
+    from ray_jobs.runtime import init_ray
 
     t0 = time.perf_counter()
     g = cfg.generation
     if finetune is None and "prefix" in g.modes:
         finetune = finetune_values(storage.absolute(g.finetune_data or storage.join(cfg.output_dir, "train_data")))
-    rows = read_generated(out)
-    n = targets if targets is not None else len({r["doc_id"] for r in rows})
-    _check([(str(r["mode"]), str(r["doc_id"])) for r in rows], n, g.modes, out)
-    stats = leakage_by_mode(rows, finetune)
+    init_ray(cfg)
+    ds = _generated_dataset(out)
+    counts = _counts(ds)
+    n = targets if targets is not None else max((d for _, d in counts.values()), default=0)
+    rows = _check(counts, n, g.modes, out)
+    index = ValueIndex(finetune or ())
+    terms = ds.map_batches(
+        LeakageTermsActor,
+        fn_constructor_kwargs={"finetune": ray.put(index) if len(index) else None},  # built once, shared
+        batch_format="pyarrow",
+        batch_size=256,
+        num_cpus=0.5,
+        compute=ray.data.ActorPoolStrategy(size=max(1, min(g.num_actors, 4))),
+    ).materialize()
+    sums = {
+        str(r["mode"]): {c: float(r[f"sum({c})"] or 0) for c in TERM_COLUMNS}
+        for r in terms.groupby("mode").aggregate(*(Sum(c) for c in TERM_COLUMNS)).take_all()
+    }
+    distinct: dict[str, dict[str, int]] = {}
+    if any(m in FINETUNE_MODES for m in sums):
+        exploded = terms.select_columns(["mode", "values_first", "values_released"]).map_batches(
+            _explode_values, batch_format="pyarrow"
+        )
+        for r in exploded.groupby(["mode", "kind"]).aggregate(CountDistinct("value")).take_all():
+            distinct.setdefault(str(r["mode"]), {})[str(r["kind"])] = int(r["count_distinct(value)"])
+    stats = leakage_from_terms(sums, distinct, len(index))
     table = leakage_table(stats)
     storage.write_text(storage.join(out, "leakage.md"), table + "\n")
     storage.write_text(storage.join(out, "leakage.json"), leakage_table(stats, "json") + "\n")
     quarantined = sum(s.quarantined for s in stats)
-    return GenerateSummary(n, len(rows), quarantined, table, time.perf_counter() - t0, out, stats)
+    return GenerateSummary(n, rows, quarantined, table, time.perf_counter() - t0, out, stats)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,9 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from ctrlgen.errors import CtrlgenError
-from ctrlgen.metrics.leakage import elp_finetune, elp_icl, normalize_value, pipp_finetune, pipp_icl
+from ctrlgen.metrics.leakage import ValueIndex, as_index, leaked_values, normalize_value
 
-__all__ = ["FINETUNE_MODES", "ModeLeakage", "finetune_values", "leakage_by_mode", "leakage_table", "read_generated"]
+__all__ = [
+    "FINETUNE_MODES",
+    "TERM_COLUMNS",
+    "VALUE_COLUMNS",
+    "ModeLeakage",
+    "finetune_values",
+    "leakage_by_mode",
+    "leakage_from_terms",
+    "leakage_table",
+    "leakage_terms",
+    "read_generated",
+]
 
 _ORDER = ("baseline", "icl", "icl_blocking", "prefix")
 #: Modes measured with the fine-tuning definitions (against the whole fine-tuning set).
@@ -73,53 +84,103 @@ def _norm(vs: Iterable[str]) -> set[str]:
     return {normalize_value(v) for v in vs if v and v.strip()}
 
 
-def leakage_by_mode(rows: Iterable[dict[str, Any]], finetune: Iterable[str] | None = None) -> list[ModeLeakage]:
+#: Per-row numeric leakage terms; a mode's figures are their sums (and distinct-value counts).
+TERM_COLUMNS = (
+    "outputs", "quarantined", "leak_first", "elp_first", "retried", "released", "leak_released", "elp_released",
+)  # fmt: skip
+#: Per-row lists of leaked (normalised) values, fine-tuning modes only: ELP counts them distinct over rows.
+VALUE_COLUMNS = ("values_first", "values_released")
+
+
+def leakage_terms(rows: Iterable[dict[str, Any]], finetune: ValueIndex | None = None) -> list[dict[str, Any]]:
+    """One record of :data:`TERM_COLUMNS` and :data:`VALUE_COLUMNS` per generated row.
+
+    Rows are independent, so the terms can be computed anywhere (the Ray job computes
+    them in actors) and summed per mode (:func:`leakage_from_terms`).
+    """
+    out = []
+    for r in rows:
+        mode, ok = str(r["mode"]), r["status"] == "ok"
+        t: dict[str, Any] = {"mode": mode, **dict.fromkeys(TERM_COLUMNS, 0), "values_first": [], "values_released": []}
+        t["outputs"], t["quarantined"] = int(ok), int(not ok)
+        if ok:
+            released = bool(r["released"])
+            t["leak_first"] = int(len(r["leaked_first"]) > 0)
+            t["retried"] = int(r["attempts"] > 1)
+            t["released"] = int(released)
+            if mode in FINETUNE_MODES:
+                if finetune is None or not len(finetune):
+                    raise CtrlgenError(f"mode {mode} is measured against the fine-tuning set: pass its values")
+                t["values_first"] = sorted(_norm(r["leaked_first"]))
+                if released:
+                    found = finetune.find(r["text"])
+                    t["leak_released"], t["values_released"] = int(bool(found)), sorted(found)
+            else:
+                ctx = _norm(r["context_values"])
+                t["elp_first"] = len(_norm(r["leaked_first"])) / len(ctx) if ctx else 0.0
+                if released:
+                    found = leaked_values(r["text"], ctx)
+                    t["leak_released"] = int(bool(found))
+                    t["elp_released"] = len(found) / len(ctx) if ctx else 0.0
+        out.append(t)
+    return out
+
+
+def leakage_from_terms(
+    sums: dict[str, dict[str, float]], distinct: dict[str, dict[str, int]], n_finetune: int
+) -> list[ModeLeakage]:
+    """Per-mode sums of the terms (and, for fine-tuning modes, distinct leaked values per value
+    column) -> one :class:`ModeLeakage` per mode."""
+    out = []
+    for mode in sorted(sums, key=lambda m: (_ORDER.index(m) if m in _ORDER else 99, m)):
+        t = sums[mode]
+        ok, rel = int(t["outputs"]), int(t["released"])
+        if mode in FINETUNE_MODES:
+            d = distinct.get(mode, {})
+            elp_first = d.get("values_first", 0) / n_finetune if n_finetune else 0.0
+            elp_rel = d.get("values_released", 0) / n_finetune if n_finetune else 0.0
+        else:
+            elp_first = t["elp_first"] / ok if ok else 0.0
+            elp_rel = t["elp_released"] / rel if rel else 0.0
+        out.append(
+            ModeLeakage(
+                mode=mode,
+                outputs=ok,
+                quarantined=int(t["quarantined"]),
+                pipp_first=t["leak_first"] / ok if ok else 0.0,
+                elp_first=elp_first,
+                released=rel,
+                withheld=ok - rel,
+                pipp_released=t["leak_released"] / rel if rel else 0.0,
+                elp_released=elp_rel,
+                retried=int(t["retried"]),
+            )
+        )
+    return out
+
+
+def leakage_by_mode(
+    rows: Iterable[dict[str, Any]], finetune: Iterable[str] | ValueIndex | None = None
+) -> list[ModeLeakage]:
     """Rows with the columns of ``GENERATED_SCHEMA`` -> one :class:`ModeLeakage` per mode.
 
     ICL modes use the ICL definitions (each output against its own contexts' values);
     the prefix mode the fine-tuning ones, against ``finetune`` (all private values of
-    the adapter's training set; required when prefix rows are present).
+    the adapter's training set; required when prefix rows are present). The Ray job
+    computes the same terms in actors and aggregates them with Ray Data.
     """
-    ft = sorted(_norm(finetune or ()))
-    by: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        by.setdefault(r["mode"], []).append(r)
-    out = []
-    for mode in sorted(by, key=lambda m: (_ORDER.index(m) if m in _ORDER else 99, m)):
-        rs = by[mode]
-        ok = [r for r in rs if r["status"] == "ok"]
-        first = [len(r["leaked_first"]) > 0 for r in ok]
-        rel = [r for r in ok if r["released"]]
-        texts = [r["text"] for r in rel]
-        if mode in FINETUNE_MODES:
-            if not ft and ok:
-                raise CtrlgenError(f"mode {mode} is measured against the fine-tuning set: pass its values")
-            leaked_any = set().union(*(_norm(r["leaked_first"]) for r in ok)) if ok else set()
-            elp_first = len(leaked_any) / len(ft) if ft else 0.0
-            pipp_rel, elp_rel = pipp_finetune(texts, ft), elp_finetune(texts, ft)
-        else:
-            elp_terms = [
-                len(_norm(r["leaked_first"])) / len(_norm(r["context_values"])) if _norm(r["context_values"]) else 0.0
-                for r in ok
-            ]
-            elp_first = sum(elp_terms) / len(ok) if ok else 0.0
-            ctx = [r["context_values"] for r in rel]
-            pipp_rel, elp_rel = pipp_icl(texts, ctx), elp_icl(texts, ctx)
-        out.append(
-            ModeLeakage(
-                mode=mode,
-                outputs=len(ok),
-                quarantined=len(rs) - len(ok),
-                pipp_first=sum(first) / len(ok) if ok else 0.0,
-                elp_first=elp_first,
-                released=len(rel),
-                withheld=len(ok) - len(rel),
-                pipp_released=pipp_rel,
-                elp_released=elp_rel,
-                retried=sum(1 for r in ok if r["attempts"] > 1),
-            )
-        )
-    return out
+    index = as_index(finetune or ())
+    sums: dict[str, dict[str, float]] = {}
+    seen: dict[str, dict[str, set[str]]] = {}
+    for t in leakage_terms(rows, index):
+        acc = sums.setdefault(t["mode"], dict.fromkeys(TERM_COLUMNS, 0))
+        for c in TERM_COLUMNS:
+            acc[c] += t[c]
+        vals = seen.setdefault(t["mode"], {c: set() for c in VALUE_COLUMNS})
+        for c in VALUE_COLUMNS:
+            vals[c].update(t[c])
+    distinct = {m: {c: len(v) for c, v in d.items()} for m, d in seen.items()}
+    return leakage_from_terms(sums, distinct, len(index))
 
 
 def leakage_table(stats: list[ModeLeakage], fmt: str = "markdown") -> str:

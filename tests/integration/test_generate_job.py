@@ -41,3 +41,56 @@ def test_generation_job_reports_a_missing_input(ray_cluster, tmp_path, capsys):
 
     code = main(["generate", "-c", "configs/generate_tiny.yaml", f"generation.input={tmp_path / 'none'}"])
     assert code == 2 and "holds no Parquet files" in capsys.readouterr().err
+
+
+def test_distributed_leakage_scoring_equals_the_local_metric(ray_cluster, tmp_path):
+    """score_output (per-row terms in actors, sums and distinct values by Ray Data groupby) gives the
+    figures of leakage_by_mode on the driver, on rows that do leak, ICL and fine-tuning modes, with
+    quarantined, withheld and retried rows, spread over several files."""
+    import dataclasses
+    import json
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ctrlgen.config import load_config
+    from ctrlgen.generation.icl import GENERATED_SCHEMA
+    from ctrlgen.generation.report import leakage_by_mode
+    from ray_jobs.generate import score_output
+
+    rng = random.Random(7)
+    names = ["Ann Lee", "Bo Chen", "Cy Park", "Di Ross", "Ed Moss", "Fay Wu", "Gus Roe", "Hal Poe"]
+    finetune = names[:6]
+    rows = []
+    for mode in ("icl", "icl_blocking", "prefix"):
+        for i in range(60):
+            ctx = rng.sample(names, 3) if mode != "prefix" else []
+            pool = finetune if mode == "prefix" else ctx
+            said = rng.sample(names, rng.randint(0, 2))
+            text = f"Seen {' and '.join(said)} on day {i}."
+            first = sorted(v.casefold() for v in rng.sample(pool, rng.randint(0, 2)))
+            ok = rng.random() > 0.1
+            rows.append({
+                "doc_id": f"d{i:03d}", "mode": mode, "context_ids": ["c1"], "fictional_code": "PERSON: X",
+                "text": text if ok else "", "context_values": ctx, "leaked_first": first if ok else [],
+                "leaked": [], "attempts": rng.randint(1, 3) if ok else 0, "released": ok and rng.random() > 0.3,
+                "new_tokens": 5, "finish": "length", "status": "ok" if ok else "quarantined", "reason": "",
+            })  # fmt: skip
+    out = tmp_path / "generated"
+    table = pa.Table.from_pylist(rows, schema=GENERATED_SCHEMA)
+    for mode in ("icl", "icl_blocking", "prefix"):
+        part = table.filter(pa.compute.equal(table.column("mode"), mode)).drop_columns(["mode"])
+        (out / f"mode={mode}").mkdir(parents=True)
+        for k in range(3):
+            pq.write_table(part.slice(20 * k, 20), out / f"mode={mode}" / f"p{k}.parquet")
+    cfg = load_config("configs/generate_tiny.yaml", ["generation.modes=[icl,icl_blocking,prefix]"])
+    summary = score_output(cfg, str(out), finetune, targets=60)
+    local = leakage_by_mode(rows, finetune)
+    assert [s.mode for s in summary.by_mode] == [s.mode for s in local] == ["icl", "icl_blocking", "prefix"]
+    for got, want in zip(summary.by_mode, local, strict=True):
+        assert dataclasses.asdict(got) == pytest.approx(dataclasses.asdict(want), abs=1e-12)
+    assert any(s.pipp_released > 0 for s in local) and local[2].elp_first > 0  # the case does leak
+    assert json.loads((out / "leakage.json").read_text())[2]["mode"] == "prefix"
+    with pytest.raises(Exception, match="61 targets x 3 modes but rows per mode icl 60"):
+        score_output(cfg, str(out), finetune, targets=61)
