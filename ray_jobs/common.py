@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import heapq
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +15,16 @@ from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig, load_config
 from ctrlgen.errors import CtrlgenError
 
-__all__ = ["extraction_input", "has_code", "job_main", "reset_dir", "seeded_sample", "values_of"]
+__all__ = [
+    "extraction_input",
+    "has_code",
+    "job_main",
+    "reset_dir",
+    "sample_threshold",
+    "seeded_sample",
+    "seeded_sample_ds",
+    "values_of",
+]
 
 
 def extraction_input(cfg: CtrlgenConfig, given: str | None, job: str) -> str:
@@ -57,22 +67,51 @@ def has_code(batch: pa.Table) -> pa.Table:
     return batch.filter(pc.not_equal(codes, ""))
 
 
-def _top_k(k: int, seed: int, salt: str) -> Any:
-    """A map_batches function keeping the k rows of a batch with the smallest per-document hash."""
-
+def _keyed(seed: int, salt: str, keep_below: int | None = None, top: int | None = None) -> Any:
+    """A map_batches function adding the per-document hash ``_key``; optionally keeping the rows
+    with ``_key <= keep_below``, or only the ``top`` smallest keys (and no other column)."""
     from ctrlgen.generation.icl import row_seed
 
     def fn(batch: pa.Table) -> pa.Table:
         keys = pa.array([row_seed(seed, salt, d) for d in batch.column("doc_id").to_pylist()], pa.int64())
+        if top is not None:
+            return pa.table({"_key": pc.take(keys, pc.sort_indices(keys)[:top])})
         batch = batch.append_column("_key", keys)
-        return batch.sort_by("_key").slice(0, k)
+        return batch if keep_below is None else batch.filter(pc.less_equal(keys, keep_below))
 
     return fn
 
 
+def sample_threshold(ds: Any, k: int, seed: int, salt: str) -> int | None:
+    """The k-th smallest per-document hash of ``ds`` (None when it has at most k rows).
+
+    Only hashes travel: every block sends its k smallest (8 bytes each), and the driver keeps
+    a heap of k while streaming them, so its memory is O(k) whatever the corpus size.
+    """
+    heap: list[int] = []  # max-heap of the k smallest so far (negated)
+    for batch in (
+        ds.select_columns(["doc_id"])
+        .map_batches(_keyed(seed, salt, top=k), batch_format="pyarrow", batch_size=4096)
+        .iter_batches(batch_format="pyarrow", batch_size=None)
+    ):
+        for key in batch.column("_key").to_pylist():
+            if len(heap) < k:
+                heapq.heappush(heap, -key)
+            elif key < -heap[0]:
+                heapq.heapreplace(heap, -key)
+    return -heap[0] if len(heap) == k and k > 0 else None
+
+
+def seeded_sample_ds(ds: Any, k: int, seed: int, salt: str) -> Any:
+    """The rows with the k smallest hashes of (seed, salt, doc_id), as a dataset (order-independent,
+    exact, and nothing but k hashes on the driver). A ``_key`` column is added."""
+    threshold = sample_threshold(ds, k, seed, salt)
+    return ds.map_batches(_keyed(seed, salt, keep_below=threshold), batch_format="pyarrow", batch_size=4096)
+
+
 def seeded_sample(ds: Any, k: int, seed: int, salt: str, columns: list[str]) -> list[dict[str, Any]]:
-    """The k rows with the smallest hash of (seed, salt, doc_id): a seeded sample, order-independent."""
-    rows = ds.map_batches(_top_k(k, seed, salt), batch_format="pyarrow", batch_size=4096).take_all()
+    """:func:`seeded_sample_ds` brought to the driver in key order (for small k: context pools)."""
+    rows = seeded_sample_ds(ds, k, seed, salt).take_all()
     rows.sort(key=lambda r: r["_key"])
     return [{c: r[c] for c in columns} for r in rows[:k]]
 

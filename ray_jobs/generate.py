@@ -222,7 +222,7 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
 
     from ctrlgen.generation.report import finetune_values
     from ctrlgen.metrics.leakage import ValueIndex
-    from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample, values_of
+    from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample, seeded_sample_ds, values_of
     from ray_jobs.runtime import init_ray
 
     g = cfg.generation
@@ -251,7 +251,8 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
             "(documents without a control code are skipped when generation.require_code is true)"
         )
     if g.num_documents is not None:
-        targets = ray.data.from_items(seeded_sample(eligible, g.num_documents, g.seed, "targets", _COLUMNS))
+        # Exact seeded top-k, the rows staying in the cluster (only k hashes reach the driver).
+        targets = seeded_sample_ds(eligible, g.num_documents, g.seed, "targets").select_columns(_COLUMNS)
     else:
         targets = eligible
     out = storage.join(storage.absolute(cfg.output_dir), "generated")

@@ -292,7 +292,7 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
     import ray
     from ray.data.datasource import FilenameProvider
 
-    from ray_jobs.common import has_code, seeded_sample
+    from ray_jobs.common import has_code, seeded_sample_ds
 
     class _Ordered(FilenameProvider):  # file names sort in write-task order
         def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
@@ -306,7 +306,7 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
         ds = ray.data.read_parquet(src).select_columns(_COLUMNS)
         eligible = ds.map_batches(has_code, batch_format="pyarrow") if t.require_code else ds
         if t.num_documents is not None:
-            docs = ray.data.from_items(seeded_sample(eligible, t.num_documents, t.seed, "train", _COLUMNS))
+            docs = seeded_sample_ds(eligible, t.num_documents, t.seed, "train").select_columns(_COLUMNS)
         else:
             docs = eligible
         docs.repartition(target_num_rows_per_block=256).map_batches(

@@ -94,3 +94,21 @@ def test_distributed_leakage_scoring_equals_the_local_metric(ray_cluster, tmp_pa
     assert json.loads((out / "leakage.json").read_text())[2]["mode"] == "prefix"
     with pytest.raises(Exception, match="61 targets x 3 modes but rows per mode icl 60"):
         score_output(cfg, str(out), finetune, targets=61)
+
+
+def test_seeded_top_k_is_exact_and_keeps_rows_in_the_cluster(ray_cluster):
+    """The seeded sample is the k smallest hashes of everything, whatever the blocks; the dataset
+    form filters by a threshold found from hashes alone (k of them on the driver)."""
+    import ray
+
+    from ctrlgen.generation.icl import row_seed
+    from ray_jobs.common import sample_threshold, seeded_sample, seeded_sample_ds
+
+    ids = [f"doc{i}" for i in range(3000)]
+    ds = ray.data.from_items([{"doc_id": d, "text": "t" + d} for d in ids], override_num_blocks=7)
+    for k in (1, 10, 999, 3000, 4000):
+        want = sorted(ids, key=lambda d: row_seed(3, "x", d))[:k]
+        assert [r["doc_id"] for r in seeded_sample(ds, k, 3, "x", ["doc_id"])] == want
+        assert sorted(r["doc_id"] for r in seeded_sample_ds(ds, k, 3, "x").take_all()) == sorted(want)
+    assert sample_threshold(ds, 3000, 3, "x") == max(row_seed(3, "x", d) for d in ids)
+    assert sample_threshold(ds, 3001, 3, "x") is None
