@@ -9,7 +9,8 @@ Reads the extraction output (runs the extraction job first when
 2. trains a PEFT prefix (``training.num_virtual_tokens``) on
    ``training.num_workers`` Ray Train workers (``TorchTrainer``) with DeepSpeed
    (``training.deepspeed``, ZeRO-2 by default; gloo on CPU, NCCL on GPUs), each
-   worker reading its shard of the Parquet data;
+   worker reading only its own contiguous share of the examples (the row groups that
+   overlap it, straight from storage: no worker reads what it does not train on);
 3. prints every ``log_every`` steps the loss terms, tokens/s and step time, and
    checkpoints every ``checkpoint_every`` steps to
    ``<storage_path>/<run_name>`` (DeepSpeed state of the trainable prefix +
@@ -41,6 +42,7 @@ from ctrlgen.errors import ConfigError, CtrlgenError
 __all__ = ["TokenizeActor", "TrainSummary", "deepspeed_config", "main", "run", "train_loop_per_worker"]
 
 _COLUMNS = ["doc_id", "text", "entities", "control_code"]
+_TRAIN_COLUMNS = ("input_ids", "labels", "private")
 _STATE = "train_state.json"
 _HISTORY = "metrics.jsonl"
 _MANIFEST = "manifest.json"
@@ -120,7 +122,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import torch.distributed as dist
 
     from ctrlgen.models import load_causal_lm
-    from ctrlgen.training.data import collate
+    from ctrlgen.training.data import IngestCount, collate, rank_batches, rank_range
     from ctrlgen.training.prefix import batch_loss, init_prefix_from_text, loss_weights, prefix_model
     from ray_jobs.metrics import record_train
 
@@ -163,24 +165,21 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     say(
         f"{total} steps ({steps_per_epoch} per epoch, {world} x {t.batch_size} documents per step), variant {t.variant}"
     )
-    shard = ray.train.get_dataset_shard("train")
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    layout = [(f, list(groups)) for f, groups in config["layout"]]
+    ingest = IngestCount()
 
     start = step
     while step < total:
         epoch, skip = divmod(step, steps_per_epoch)
-        # Every worker streams the same examples in the same order and takes every world-th batch:
-        # the split is fixed, so a resumed epoch continues with exactly the batches not yet trained.
-        batches = shard.iter_batches(batch_size=t.batch_size, batch_format="numpy", drop_last=True)
-        local = -1
-        for g, arrays in enumerate(batches):
-            if g >= steps_per_epoch * world or step >= total:
+        # This rank's contiguous share of the examples (fixed by rank, world and batch size): it
+        # reads only those row groups, and a resumed epoch starts at the first batch not trained.
+        lo, hi = rank_range(rank, steps_per_epoch, t.batch_size, skip)
+        local = skip - 1
+        for arrays in rank_batches(layout, lo, hi, t.batch_size, _TRAIN_COLUMNS, ingest):
+            if step >= total:
                 break
-            if g % world != rank:
-                continue
-            local = g // world
-            if local < skip:
-                continue  # trained before the checkpoint this run resumed from
+            local += 1
             batch = {k: v.to(device, non_blocking=True) for k, v in collate(
                 arrays["input_ids"], arrays["labels"], arrays["private"], pad).items()}  # fmt: skip
             t0 = time.perf_counter()
@@ -219,6 +218,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                                  checkpoint=_save(engine, state, history, rank))  # fmt: skip
         if step < total and local + 1 < steps_per_epoch:
             raise CtrlgenError(f"worker {rank}: the examples ran out after {local + 1} of {steps_per_epoch} batches")
+    # What each rank read (rows, compressed bytes): rank 0 keeps the list for the job's summary.
+    read = torch.tensor([rank, ingest.rows, ingest.bytes], dtype=torch.float64, device=device)
+    everyone = [torch.zeros_like(read) for _ in range(world)]
+    dist.all_gather(everyone, read)
+    per_rank = [{"rank": int(x[0]), "rows": int(x[1]), "bytes": int(x[2])} for x in (e.cpu() for e in everyone)]
+    if rank == 0:
+        storage.write_text(config["ingest_path"], json.dumps(per_rank) + "\n")
 
 
 @dataclass
@@ -233,6 +239,7 @@ class TrainSummary:
     final: dict[str, Any] = field(default_factory=dict)
     mean_step_seconds: float = 0.0
     mean_tokens_per_s: float = 0.0
+    ingest: list[dict[str, int]] = field(default_factory=list)  # per rank: rows and bytes of examples read
 
     def text(self) -> str:
         f = self.final
@@ -245,7 +252,14 @@ class TrainSummary:
             f"documents {self.documents:,} -> examples {self.examples:,} (quarantined {self.quarantined:,})\n"
             f"steps {self.steps} (resumed from {self.resumed_from}); {loss}\n"
             f"mean {self.mean_step_seconds:.2f} s/step, {self.mean_tokens_per_s:.0f} tokens/s\n"
-            f"adapter written to {self.adapter} in {self.seconds:.1f} s"
+            + (
+                "examples read per worker: "
+                + ", ".join(f"rank {r['rank']} {r['rows']:,} rows / {r['bytes']:,} B" for r in self.ingest)
+                + "\n"
+                if self.ingest
+                else ""
+            )
+            + f"adapter written to {self.adapter} in {self.seconds:.1f} s"
         )
 
 
@@ -316,7 +330,13 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
             batch_format="pyarrow",
             num_cpus=0.5,
             compute=ray.data.ActorPoolStrategy(size=1),
-        ).write_parquet(data_dir, partition_cols=["status"], filename_provider=_Ordered())
+        ).write_parquet(
+            data_dir,
+            partition_cols=["status"],
+            filename_provider=_Ordered(),
+            # Small row groups: a rank reads only those overlapping its share (waste < 16 batches).
+            row_group_size=16 * t.batch_size,
+        )
     finally:
         ctx.execution_options.preserve_order = before
     n_docs = docs.count()
@@ -328,11 +348,10 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
 
 def run(cfg: CtrlgenConfig) -> TrainSummary:
     """Extraction output -> tokenised pairs (Parquet) -> TorchTrainer + DeepSpeed -> adapter."""
-    import ray
-    from ray.data import ExecutionOptions
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from ctrlgen.training.data import example_layout
     from ray_jobs.common import extraction_input, reset_dir
     from ray_jobs.runtime import init_ray
 
@@ -376,9 +395,9 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
         flush=True,
     )
     storage.makedirs(store)
-    train_ds = ray.data.read_parquet(storage.join(data_dir, "status=ok")).select_columns(
-        ["input_ids", "labels", "private"]
-    )
+    # The examples in training order (file names sort in write order) and their row groups:
+    # each rank reads its own contiguous share straight from storage (see the loop).
+    layout = example_layout(storage.list_files(storage.join(data_dir, "status=ok"), ".parquet"))
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -386,6 +405,8 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
             "deepspeed": ds_config,
             "steps_per_epoch": steps_per_epoch,
             "total_steps": total,
+            "layout": layout,
+            "ingest_path": storage.join(out, "training", "ingest.json"),
         },
         scaling_config=ScalingConfig(
             num_workers=t.num_workers, use_gpu=t.use_gpu, resources_per_worker={"CPU": t.cpus_per_worker}
@@ -397,9 +418,6 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
             failure_config=FailureConfig(max_failures=t.max_failures),
             worker_runtime_env={"env_vars": dict(t.worker_env)},
         ),
-        datasets={"train": train_ds},
-        # Not split: each worker reads all examples in order and takes its batches (see the loop).
-        dataset_config=DataConfig(datasets_to_split=[], execution_options=ExecutionOptions(preserve_order=True)),
     )
     result = trainer.fit()
     if result.checkpoint is None:
@@ -411,6 +429,8 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
         history = _read_jsonl(Path(d, _HISTORY))
         final_state = json.loads(Path(d, _STATE).read_text())
     storage.write_text(storage.join(logs, _HISTORY), "".join(json.dumps(r) + "\n" for r in history))
+    ingest_file = storage.join(logs, "ingest.json")
+    ingest = json.loads(storage.read_text(ingest_file)) if storage.exists(ingest_file) else []
     steps = int(final_state["step"])
     resumed_from = int(final_state.get("resumed_from", 0))
     this_run = [h for h in history if h["step"] > resumed_from]
@@ -423,6 +443,7 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
         adapter=adapter,
         seconds=time.perf_counter() - t0,
         final=this_run[-1] if this_run else {},
+        ingest=ingest,
     )
     timed = this_run[1:] or this_run  # the first step includes one-off warm-up
     if timed:

@@ -24,7 +24,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,18 @@ import pyarrow as pa
 from ctrlgen.prompts import prefix_prompt
 from ctrlgen.training.masking import private_token_mask
 
-__all__ = ["TRAIN_SCHEMA", "TrainExample", "collate", "encode_example", "encode_rows"]
+__all__ = [
+    "TRAIN_SCHEMA",
+    "ExampleLayout",
+    "IngestCount",
+    "TrainExample",
+    "collate",
+    "encode_example",
+    "encode_rows",
+    "example_layout",
+    "rank_batches",
+    "rank_range",
+]
 
 TRAIN_SCHEMA = pa.schema(
     [
@@ -142,3 +153,76 @@ def collate(
         prv[i, :k] = torch.as_tensor([bool(v) for v in p], dtype=torch.bool)
         att[i, :k] = 1
     return {"input_ids": ids, "attention_mask": att, "labels": lab, "private": prv}
+
+
+# --- per-rank shards of the training examples -------------------------------------------------
+#
+# Rank r of w trains, in every epoch, on the contiguous examples [r * n, (r + 1) * n) with
+# n = steps_per_epoch * batch_size, in file order. A rank reads only the Parquet row groups that
+# overlap its range (the files' row-group sizes, from their footers, are the layout the job hands
+# every rank), so the bytes one worker reads fall as workers are added, and a resumed epoch
+# starts reading at the first batch not yet trained.
+
+ExampleLayout = list[tuple[str, list[int]]]  # (file, rows of each row group), in training order
+
+
+def example_layout(files: Sequence[str]) -> ExampleLayout:
+    """Row-group sizes of the example files (footers only), in the given (training) order."""
+    from ctrlgen import storage
+
+    layout = []
+    for f in files:
+        md = storage.parquet_file(f).metadata
+        layout.append((f, [md.row_group(i).num_rows for i in range(md.num_row_groups)]))
+    return layout
+
+
+def rank_range(rank: int, steps_per_epoch: int, batch_size: int, skip_batches: int = 0) -> tuple[int, int]:
+    """The example rows ``[lo, hi)`` rank ``rank`` trains on in an epoch, after ``skip_batches`` done."""
+    n = steps_per_epoch * batch_size
+    return rank * n + skip_batches * batch_size, (rank + 1) * n
+
+
+@dataclass
+class IngestCount:
+    """What one rank read: rows and compressed bytes of the row groups it opened."""
+
+    rows: int = 0
+    bytes: int = 0
+
+
+def rank_batches(
+    layout: ExampleLayout, lo: int, hi: int, batch_size: int, columns: Sequence[str], count: IngestCount | None = None
+) -> Iterator[dict[str, list[Any]]]:
+    """Batches of ``batch_size`` rows (as Python lists per column) of the example rows ``[lo, hi)``,
+    reading only the row groups that overlap that range."""
+    from ctrlgen import storage
+
+    pending: list[Any] = []
+    have = 0
+    pos = 0
+    for path, groups in layout:
+        pf = None
+        for gi, n in enumerate(groups):
+            a, b = pos, pos + n
+            pos = b
+            if b <= lo or a >= hi:
+                continue
+            pf = pf or storage.parquet_file(path)
+            table = pf.read_row_group(gi, columns=list(columns))
+            if count is not None:
+                rg = pf.metadata.row_group(gi)
+                names = [rg.column(j).path_in_schema.split(".")[0] for j in range(rg.num_columns)]
+                count.bytes += sum(rg.column(j).total_compressed_size for j in range(rg.num_columns)
+                                   if names[j] in columns)  # fmt: skip
+                count.rows += n
+            part = table.slice(max(lo - a, 0), min(hi, b) - max(lo, a))
+            pending.append(part)
+            have += part.num_rows
+            while have >= batch_size:
+                merged = pa.concat_tables(pending)
+                yield {c: merged.column(c).slice(0, batch_size).to_pylist() for c in columns}
+                rest = merged.slice(batch_size)
+                pending, have = [rest], rest.num_rows
+        if pos >= hi:
+            break

@@ -37,7 +37,8 @@ def test_train_two_workers_then_generate_from_the_prefix(ray_cluster, tmp_path, 
     assert [h["step"] for h in history] == [1, 2, 3, 4]
     for h in history:  # every loss term, throughput and step time are reported
         assert h["lm"] > 0 and h["contrastive"] >= 0 and h["kl"] >= 0 and h["tokens_per_s"] > 0
-        assert h["private_tokens"] > 0 and h["output_tokens"] > h["private_tokens"]
+        assert h["output_tokens"] > h["private_tokens"] >= 0
+    assert sum(h["private_tokens"] for h in history) > 0  # (a step whose 8 notes hold no PHI has none)
     # Standard PEFT format, loadable on top of the base model.
     tuned = PeftModel.from_pretrained(tiny_llama()[0], str(out / "adapter"))
     assert tuned.peft_config["default"].num_virtual_tokens == 20
@@ -55,7 +56,7 @@ def test_stopped_run_resumes_from_its_checkpoint_exactly(ray_cluster, tmp_path, 
     """2 workers, 2 steps, stop; rerun to 4: it continues at step 3 and ends where an uninterrupted run ends.
 
     Exact: the prefix, the AdamW moments and the step are restored, and the data order is fixed
-    (every worker reads the examples in order and takes every second batch).
+    (every worker reads its own contiguous share of the examples, in file order).
     """
     from ctrlgen.cli import main
 

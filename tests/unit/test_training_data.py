@@ -136,3 +136,35 @@ def test_resuming_a_run_with_other_examples_is_refused(tmp_path):
     (tmp_path / "train_data" / _MANIFEST).write_text(json.dumps(_manifest(other)))
     with pytest.raises(CtrlgenError, match="trained on other examples"):
         run(cfg)
+
+
+def test_rank_shards_are_disjoint_contiguous_and_read_only_their_row_groups(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ctrlgen.training.data import IngestCount, example_layout, rank_batches, rank_range
+
+    files = []
+    for k, (start, n) in enumerate([(0, 40), (40, 24)]):  # 64 examples, row groups of 8
+        ids = [[i, i] for i in range(start, start + n)]
+        table = pa.table({"input_ids": ids, "labels": ids, "private": [[False, True]] * n})
+        pq.write_table(table, tmp_path / f"examples-{k}.parquet", row_group_size=8)
+        files.append(str(tmp_path / f"examples-{k}.parquet"))
+    layout = example_layout(files)
+    assert layout == [(files[0], [8] * 5), (files[1], [8] * 3)]
+    cols = ("input_ids", "labels", "private")
+    seen, counts = [], []
+    for rank in range(2):  # 2 workers x 7 batches of 4 (drop the last 8 examples, as steps_per_epoch does)
+        lo, hi = rank_range(rank, 7, 4)
+        count = IngestCount()
+        rows = [x[0] for b in rank_batches(layout, lo, hi, 4, cols, count) for x in b["input_ids"]]
+        assert rows == list(range(rank * 28, rank * 28 + 28))
+        seen += rows
+        counts.append(count)
+    assert seen == list(range(56))
+    assert [c.rows for c in counts] == [32, 32]  # 28 rows each, read in whole row groups of 8
+    assert all(c.bytes > 0 for c in counts)
+    lo, hi = rank_range(1, 7, 4, skip_batches=5)  # a resumed epoch: batches 6 and 7 of rank 1 only
+    count = IngestCount()
+    rest = [x[0] for b in rank_batches(layout, lo, hi, 4, cols, count) for x in b["input_ids"]]
+    assert rest == list(range(48, 56)) and count.rows == 8
