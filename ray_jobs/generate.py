@@ -39,6 +39,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import ray
 from ray.data import Datasink
 
 from ctrlgen import storage
@@ -66,7 +67,7 @@ class GenerateActor:
         self,
         cfg_json: str,
         pool_rows: list[dict[str, Any]],
-        exclude: list[str],
+        exclude: Any,
         adapter: str | None = None,
         finetune: Any = None,
     ) -> None:
@@ -93,6 +94,8 @@ class GenerateActor:
             self.prefix_engine = HFEngine(tuned, self.tokenizer, g.sampling, g.batch_size)
         self.finetune = _resolve_index(finetune)  # one automaton, built by the driver, for every batch
         self.pool = build_pool(pool_rows, self.tokenizer, g.max_context_tokens)
+        if isinstance(exclude, ray.ObjectRef):  # the corpus' values, merged by a task, fetched once
+            exclude = ray.get(exclude)
         self.fictional = FictionalCodes(g.seed, exclude, same_counts=g.same_counts)
         self.done = 0
 
@@ -114,6 +117,18 @@ class GenerateActor:
         )  # fmt: skip
         record_generate(out)
         return out
+
+
+def _merge_values_fn(*tables: pa.Table) -> list[str]:
+    return sorted({v for t in tables for v in t.column("value").to_pylist()})
+
+
+def _count_values_fn(values: list[str]) -> int:
+    return len(values)
+
+
+_merge_values = ray.remote(num_cpus=0.5)(_merge_values_fn)
+_count_values = ray.remote(num_cpus=0.5)(_count_values_fn)
 
 
 def _resolve_index(finetune: Any) -> Any:
@@ -238,9 +253,13 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
     init_ray(cfg)
     ds = ray.data.read_parquet(src).select_columns(_COLUMNS)
     ctx_ds = ray.data.read_parquet(ctx_src).select_columns(_COLUMNS) if ctx_src != src else ds
-    exclude = ds.map_batches(values_of, batch_format="pyarrow").unique("value")
+    # The corpus' distinct private values (fictional codes never use them): per-block sets merged
+    # by one task into the object store; the driver holds only references, never the values.
+    value_refs = ds.map_batches(values_of, batch_format="pyarrow").to_arrow_refs()
     if ctx_src != src:
-        exclude = sorted(set(exclude) | set(ctx_ds.map_batches(values_of, batch_format="pyarrow").unique("value")))
+        value_refs += ctx_ds.map_batches(values_of, batch_format="pyarrow").to_arrow_refs()
+    exclude = _merge_values.remote(*value_refs)
+    n_exclude = ray.get(_count_values.remote(exclude))
     eligible = ds.map_batches(has_code, batch_format="pyarrow") if g.require_code else ds
     ctx_eligible = ctx_ds.map_batches(has_code, batch_format="pyarrow") if g.require_code else ctx_ds
     icl = any(m != "prefix" for m in g.modes)
@@ -269,7 +288,7 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
         print(f"generate: resuming: {n_done:,} documents already generated, {n_targets:,} to go",
               file=sys.stderr, flush=True)  # fmt: skip
     print(
-        f"generate: {n_targets:,} target documents, pool {len(pool)}, {len(exclude):,} real private values "
+        f"generate: {n_targets:,} target documents, pool {len(pool)}, {n_exclude:,} real private values "
         f"excluded from fictional codes, modes {', '.join(g.modes)}"
         + (f", adapter {adapter} ({len(finetune or []):,} fine-tuning values)" if adapter else ""),
         file=sys.stderr,
@@ -281,7 +300,7 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
         fn_constructor_kwargs={
             "cfg_json": cfg.model_dump_json(),
             "pool_rows": pool,
-            "exclude": list(exclude),
+            "exclude": exclude,
             "adapter": adapter,
             "finetune": ray.put(ValueIndex(finetune)) if finetune else None,  # one automaton, shared
         },
