@@ -367,6 +367,9 @@ class TrainingConfig(_Model):
         0.5, gt=0, description="Logical CPUs per worker (RAY_NOTES: 1 CPU x 2 workers on 2 CPUs deadlocks)."
     )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per worker (None: Ray's).")
+    tokenize_actors: int = Field(
+        2, ge=1, description="Tokeniser actors making the examples (0.5 CPU each; the example order stays fixed)."
+    )
     deepspeed: str = Field(
         "configs/deepspeed/zero2.json",
         description='DeepSpeed config (JSON); "auto" values are filled from this section.',

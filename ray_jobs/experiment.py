@@ -275,7 +275,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                     over |= {"generation__adapter": str(adapter / "adapter"),
                              "generation__finetune_data": str(adapter / "train_data")}  # fmt: skip
                 _log(f"generating {', '.join(modes)} ({setting}, seed {seed})")
-                run_generate(_with(cfg, **over))
+                run_generate(_with(cfg, **over), score=False)  # the matrix scores with its own Evaluator
                 rows = read_generated(gen_dir / "generated")
                 ft = adapter is not None
                 real = real_ft if ft else real_icl

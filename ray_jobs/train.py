@@ -43,6 +43,7 @@ __all__ = ["TokenizeActor", "TrainSummary", "deepspeed_config", "main", "run", "
 
 _COLUMNS = ["doc_id", "text", "entities", "control_code"]
 _TRAIN_COLUMNS = ("input_ids", "labels", "private")
+_TOKENIZE_BLOCK = 256  # documents per tokeniser call
 _STATE = "train_state.json"
 _HISTORY = "metrics.jsonl"
 _MANIFEST = "manifest.json"
@@ -323,13 +324,13 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
             docs = seeded_sample_ds(eligible, t.num_documents, t.seed, "train").select_columns(_COLUMNS)
         else:
             docs = eligible
-        docs.repartition(target_num_rows_per_block=256).map_batches(
+        docs.repartition(target_num_rows_per_block=_TOKENIZE_BLOCK).map_batches(
             TokenizeActor,
             fn_constructor_kwargs={"cfg_json": cfg.model_dump_json()},
-            batch_size=256,
+            batch_size=_TOKENIZE_BLOCK,
             batch_format="pyarrow",
             num_cpus=0.5,
-            compute=ray.data.ActorPoolStrategy(size=1),
+            compute=ray.data.ActorPoolStrategy(size=t.tokenize_actors),  # preserve_order keeps the order
         ).write_parquet(
             data_dir,
             partition_cols=["status"],

@@ -122,3 +122,25 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(ray_cluster, tmp_path, sh
     assert resumed in (4, 8, 12) and "steps 16 (" in captured.out
     history = [json.loads(x) for x in (out / "training" / "metrics.jsonl").read_text().splitlines()]
     assert [h["step"] for h in history] == list(range(1, 17))
+
+
+def test_more_tokeniser_actors_make_the_same_examples_in_the_same_order(ray_cluster, tmp_path, shared, monkeypatch):
+    import ray_jobs.train
+    from ctrlgen import storage
+    from ctrlgen.config import load_config
+    from ray_jobs.extract import run as run_extract
+    from ray_jobs.train import _tokenize
+
+    cfg = load_config(CONFIG, [f"corpus.path={shared / 'physionet-deid'}", f"output_dir={tmp_path}",
+                               "training.num_documents=null"])  # fmt: skip
+    src = storage.join(run_extract(cfg).output, "status=ok")
+    monkeypatch.setattr(ray_jobs.train, "_TOKENIZE_BLOCK", 8)  # several blocks, so every actor gets some
+    orders = []
+    for actors in (1, 3):
+        c = cfg.model_copy(update={"training": cfg.training.model_copy(update={"tokenize_actors": actors})})
+        out = str(tmp_path / f"examples-{actors}")
+        n_docs, ok, bad = _tokenize(c, src, out)
+        assert n_docs == ok + bad > 32  # every note with a control code
+        files = storage.list_files(storage.join(out, "status=ok"), ".parquet")
+        orders.append([(r["doc_id"], r["input_ids"]) for r in storage.dataset(files).to_table().to_pylist()])
+    assert orders[0] == orders[1]
