@@ -245,8 +245,8 @@ def _job(name: str) -> Callable[[CtrlgenConfig, argparse.Namespace], int]:
     return cmd
 
 
-cmd_extract, cmd_generate, cmd_train, cmd_experiment, cmd_synthesize = (
-    _job(n) for n in ("extract", "generate", "train", "experiment", "synthesize")
+cmd_extract, cmd_generate, cmd_train, cmd_evaluate, cmd_experiment, cmd_synthesize = (
+    _job(n) for n in ("extract", "generate", "train", "evaluate", "experiment", "synthesize")
 )
 
 
@@ -400,6 +400,11 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
         "Ray Train job: prefix tuning (training.variant masked | plain) with DeepSpeed on "
         "training.num_workers workers; checkpoints, resumes, writes <output_dir>/adapter (PEFT format).",
     ),
+    "evaluate": (
+        cmd_evaluate,
+        "Ray Data job: per-document privacy metrics (PIPP, ELP, ROUGE, entity-in-context leakage) of a generation "
+        "output against the real documents, the references sharded over actors; writes <output_dir>/evaluation.",
+    ),
     "experiment": (
         cmd_experiment,
         "The experiment matrix {baseline, icl, icl_blocking, prefix, prefix_masked} x {known, unknown} x "
@@ -413,7 +418,7 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
     ),
     "submit": (
         cmd_submit,
-        "Submit a job (extract, train, generate, experiment, synthesize) to a Ray cluster through the Job "
+        "Submit a job (extract, train, generate, evaluate, experiment, synthesize) to a Ray cluster through the Job "
         "Submission API: code as working_dir, resolved config in the runtime_env, logs followed; see docs/cluster.md.",
     ),
     "serve": (

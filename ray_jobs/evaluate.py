@@ -1,69 +1,368 @@
-"""Ray Data evaluation: per-document privacy metrics in an actor pool, aggregation on the driver.
+"""The evaluation job: per-document privacy metrics of a generation output, references sharded.
 
-Each actor builds the :class:`~ctrlgen.metrics.evaluate.Evaluator` once (the
-fine-tuning set's ROUGE index and entity windows included) and scores its blocks
-of generated rows with :meth:`Evaluator.document`; the driver collects the
-per-document records, restores the input order and aggregates them with the same
-:func:`~ctrlgen.metrics.evaluate.aggregate` as the local path, so both give the
-same numbers (tested). Counts balance: records out = generated rows in, or the job
-fails naming both counts.
+    ctrlgen evaluate -c configs/generate_tiny.yaml                  # here
+    ctrlgen submit evaluate -c configs/generate_tiny.yaml           # on a Ray cluster
+
+Reads a generation output (``evaluation.input``), the real documents with their private
+values and spans (``evaluation.references``, an extraction output) and, when there are
+prefix rows, the adapter's training examples (``evaluation.finetune_data``: their doc_ids
+pick the fine-tuning references). Writes under ``evaluation.output``:
+
+* ``records/*.parquet``: one record per generated row (:data:`~ctrlgen.metrics.evaluate.RECORD_SCHEMA`);
+* ``metrics.json`` / ``metrics.md``: PIPP, PIPP over long values, ELP, ROUGE-2/L, entity-in-context
+  leakage k=1..4 per mode (docs/evaluation.md defines them).
+
+Nothing corpus-sized reaches the driver or any one actor:
+
+1. the references are written once as ``num_shards`` hive partitions (``shard=k``, a hash of
+   doc_id), ICL references and fine-tuning references apart;
+2. each generated row is sent to the shards that hold its context documents (a fine-tuning
+   row to every shard);
+3. ``groupby(shard).map_groups`` in an actor pool: an actor loads one shard's references,
+   indexes them (ROUGE index, entity windows, value automaton) and scores the rows sent there
+   (:class:`~ctrlgen.metrics.evaluate.ShardEvaluator`);
+4. ``groupby(doc_id, mode)`` merges a row's partials (:func:`~ctrlgen.metrics.evaluate.merge_partials`:
+   union, maximum, any), checking every context document was found;
+5. per-mode sums of :func:`~ctrlgen.metrics.evaluate.record_terms` and ``CountDistinct`` of the
+   fine-tuning modes' leaked values give the metrics (the same as the local
+   :func:`~ctrlgen.metrics.evaluate.aggregate`, tested).
+
+Counts balance: records = generated rows, or the job fails naming both counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import sys
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from ctrlgen import storage
+from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import CtrlgenError
-from ctrlgen.metrics.evaluate import Evaluator, RealDoc
+from ctrlgen.metrics.context import KS
+from ctrlgen.metrics.evaluate import (
+    PARTIAL_SCHEMA,
+    RECORD_SCHEMA,
+    TERMS,
+    RealDoc,
+    ShardEvaluator,
+    merge_partials,
+    metrics_from_sums,
+    record_terms,
+    shard_of,
+)
 
-__all__ = ["EvalActor", "evaluate_rows"]
+__all__ = [
+    "EvaluateSummary",
+    "ReferenceShards",
+    "ShardScorer",
+    "evaluate",
+    "main",
+    "metrics_table",
+    "run",
+    "shard_references",
+]
 
 _IN = ["doc_id", "mode", "text", "context_ids", "status"]
-_INDEX = "_i"  # the row's input position, carried through (blocks come back in any order)
+_REF_COLUMNS = ["doc_id", "text", "entities"]
 
 
-class EvalActor:
-    """Callable class for ``map_batches``: references indexed once, then one record per row."""
-
-    def __init__(self, real: list[RealDoc], finetune_ids: list[str]) -> None:
-        self.evaluator = Evaluator({d.doc_id: d for d in real}, finetune_ids)
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        records = self.evaluator.table(batch.drop_columns([_INDEX]).to_pylist())
-        return records.append_column(_INDEX, batch.column(_INDEX))
+def _say(msg: str) -> None:
+    print(f"evaluate: {msg}", file=sys.stderr, flush=True)
 
 
-def evaluate_rows(
-    rows: Sequence[dict[str, Any]],
-    real: Sequence[RealDoc],
-    finetune_ids: Sequence[str],
-    num_actors: int = 2,
-    block_rows: int = 4,
-) -> list[dict[str, Any]]:
-    """Per-document records of ``rows`` computed on the running Ray cluster (in input order)."""
+@dataclass(frozen=True)
+class ReferenceShards:
+    """References written as hive partitions ``shard=k`` (``icl/`` and ``finetune/``)."""
+
+    path: str
+    num_shards: int
+    n_finetune_values: int  # distinct normalised values of the fine-tuning references
+
+    def shard_dir(self, kind: str, k: int) -> str:
+        return storage.join(self.path, kind, f"shard={k}")
+
+
+def _with_shard(n: int) -> Any:
+    def fn(batch: pa.Table) -> pa.Table:
+        ids = batch.column("doc_id").to_pylist()
+        return batch.append_column("shard", pa.array([shard_of(d, n) for d in ids], pa.int32()))
+
+    return fn
+
+
+def _read_shard(d: str, columns: list[str]) -> pa.Table | None:
+    files = storage.parquet_files(d) if storage.is_dir(d) else []
+    return storage.dataset(files).to_table(columns=columns) if files else None
+
+
+def _finetune_shards(path: str, from_ids: bool) -> Any:
+    """map_batches over shard numbers: (with ``from_ids``) write each shard's fine-tuning
+    references, its ICL references whose doc_id is a fine-tuning id; emit the shard's normalised
+    fine-tuning values and how many ids found no reference."""
+    from ctrlgen.metrics.leakage import normalize_value
+
+    def fn(batch: pa.Table) -> pa.Table:
+        values: set[str] = set()
+        missing = 0
+        for k in batch.column("shard").to_pylist():
+            ft_dir = storage.join(path, "finetune", f"shard={k}")
+            if from_ids:
+                ids_t = _read_shard(storage.join(path, "finetune_ids", f"shard={k}"), ["doc_id"])
+                if ids_t is None:
+                    continue
+                ids = pc.unique(ids_t.column("doc_id"))
+                refs = _read_shard(storage.join(path, "icl", f"shard={k}"), _REF_COLUMNS)
+                refs = refs.filter(pc.is_in(refs.column("doc_id"), value_set=ids)) if refs is not None else None
+                found = len(pc.unique(refs.column("doc_id"))) if refs is not None else 0
+                missing += len(ids) - found
+                if refs is not None and refs.num_rows:
+                    storage.write_parquet(refs, storage.join(ft_dir, "part-0.parquet"))
+            else:
+                refs = _read_shard(ft_dir, _REF_COLUMNS)
+            for row in refs.to_pylist() if refs is not None else []:
+                values.update(normalize_value(v) for v in RealDoc.from_row(row).values if v.strip())
+        vals = sorted(values)
+        return pa.table({"value": pa.array([*vals, None], pa.string()),
+                         "missing": pa.array([0] * len(vals) + [missing], pa.int64())})  # fmt: skip
+
+    return fn
+
+
+def shard_references(
+    icl: Any, path: str, num_shards: int, finetune: Any | None = None, finetune_ids: Any | None = None
+) -> ReferenceShards:
+    """Write the references (extraction rows: doc_id, text, entities) as ``num_shards`` shards under ``path``.
+
+    The fine-tuning references are either their own dataset (``finetune``: the experiment's
+    fine-tuning notes carry planted canaries) or the ICL references whose doc_id is in
+    ``finetune_ids`` (a dataset with a ``doc_id`` column: the adapter's training examples),
+    selected shard by shard. Raises when fine-tuning ids have no reference.
+    """
+    import ray
+    from ray.data.aggregate import CountDistinct, Sum
+
+    storage.remove(path)
+
+    def write(ds: Any, kind: str, columns: list[str]) -> None:
+        ds.select_columns(columns).map_batches(_with_shard(num_shards), batch_format="pyarrow").write_parquet(
+            storage.join(path, kind), partition_cols=["shard"]
+        )
+
+    write(icl, "icl", _REF_COLUMNS)
+    if finetune is None and finetune_ids is None:
+        return ReferenceShards(storage.absolute(path), num_shards, 0)
+    if finetune is not None:
+        write(finetune, "finetune", _REF_COLUMNS)
+    else:
+        write(finetune_ids, "finetune_ids", ["doc_id"])
+    got = (
+        ray.data.from_items([{"shard": k} for k in range(num_shards)])
+        .map_batches(_finetune_shards(storage.absolute(path), finetune is None), batch_format="pyarrow", batch_size=1)
+        .aggregate(CountDistinct("value"), Sum("missing"))
+    )
+    if int(got["sum(missing)"] or 0):
+        raise CtrlgenError(f"{got['sum(missing)']} fine-tuning document(s) have no reference in the references given")
+    return ReferenceShards(storage.absolute(path), num_shards, int(got["count_distinct(value)"] or 0))
+
+
+def _fan_out(n: int) -> Any:
+    """map_batches: each generated row once per shard holding a reference it is scored against."""
+    from ctrlgen.generation.report import FINETUNE_MODES
+
+    def fn(batch: pa.Table) -> pa.Table:
+        idx, shards = [], []
+        modes, status = batch.column("mode").to_pylist(), batch.column("status").to_pylist()
+        for i, ctx in enumerate(batch.column("context_ids").to_pylist()):
+            if status[i] != "ok":
+                ks: set[int] = {0}  # scored nowhere; one partial carries the row through
+            elif modes[i] in FINETUNE_MODES:
+                ks = set(range(n))
+            else:
+                ks = {shard_of(c, n) for c in ctx or []} or {0}
+            for k in sorted(ks):
+                idx.append(i)
+                shards.append(k)
+        out = batch.take(pa.array(idx, pa.int64()))
+        return out.append_column("shard", pa.array(shards, pa.int32()))
+
+    return fn
+
+
+class ShardScorer:
+    """map_groups (one group = one shard's rows): load that shard's references, score the rows."""
+
+    def __init__(self, shards: ReferenceShards) -> None:
+        self.shards = shards
+
+    def _docs(self, kind: str, k: int) -> dict[str, RealDoc]:
+        d = self.shards.shard_dir(kind, k)
+        if not storage.is_dir(d):
+            return {}
+        files = storage.parquet_files(d)
+        rows = storage.dataset(files).to_table(columns=_REF_COLUMNS).to_pylist() if files else []
+        return {str(r["doc_id"]): RealDoc.from_row(r) for r in rows}
+
+    def __call__(self, group: pa.Table) -> pa.Table:
+        if not group.num_rows:
+            return PARTIAL_SCHEMA.empty_table()
+        k = int(group.column("shard")[0].as_py())
+        ev = ShardEvaluator(self._docs("icl", k), self._docs("finetune", k))  # one shard per call
+        return ev.table(group.select(_IN).to_pylist())
+
+
+def _conform(batch: pa.Table) -> pa.Table:
+    """map_batches: every block in the partial schema (an actor pool's map_groups may emit empty,
+    schema-less blocks, which the next hash shuffle cannot sort)."""
+    return batch if batch.num_columns else PARTIAL_SCHEMA.empty_table()
+
+
+def _merge(n_ft: int) -> Any:
+    def fn(group: pa.Table) -> pa.Table:
+        return pa.Table.from_pylist([merge_partials(group.to_pylist(), n_ft)], schema=RECORD_SCHEMA)
+
+    return fn
+
+
+def _terms(batch: pa.Table) -> pa.Table:
+    terms = [record_terms(r) for r in batch.to_pylist()]
+    cols = {t: pa.array([x[t] for x in terms], pa.float64()) for t in TERMS}
+    return pa.table({"mode": batch.column("mode"), **cols})
+
+
+def _ft_leaked(batch: pa.Table) -> pa.Table:
+    from ctrlgen.generation.report import FINETUNE_MODES
+
+    keep = pc.and_(
+        pc.is_in(batch.column("mode"), pa.array(sorted(FINETUNE_MODES))), pc.equal(batch.column("status"), "ok")
+    )
+    b = batch.filter(keep)
+    lengths = pc.fill_null(pc.list_value_length(b.column("leaked")), 0)
+    modes = b.column("mode").take(
+        pa.array([i for i, n in enumerate(lengths.to_pylist()) for _ in range(n)], pa.int64())
+    )
+    return pa.table({"mode": modes, "value": pc.list_flatten(b.column("leaked"))})
+
+
+def evaluate(
+    generated: Any, shards: ReferenceShards, records_path: str, num_actors: int = 2
+) -> dict[str, dict[str, float]]:
+    """Score a generated-rows dataset against ``shards``; write the records to ``records_path``
+    and return mode -> metrics (as :func:`~ctrlgen.metrics.evaluate.aggregate`)."""
+    import ray
+    from ray.data.aggregate import CountDistinct, Sum
+
+    n_in = generated.count()
+    storage.remove(records_path)
+    (
+        generated.select_columns(_IN)
+        .map_batches(_fan_out(shards.num_shards), batch_format="pyarrow")
+        .groupby("shard")
+        .map_groups(
+            ShardScorer,
+            fn_constructor_kwargs={"shards": shards},
+            batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=num_actors),
+            num_cpus=0.5,
+        )
+        .map_batches(_conform, batch_format="pyarrow", batch_size=None)
+        .groupby(["doc_id", "mode"])
+        .map_groups(_merge(shards.n_finetune_values), batch_format="pyarrow")
+        .write_parquet(records_path)
+    )
+    records = ray.data.read_parquet(records_path)
+    n_out = records.count()
+    if n_out != n_in:
+        raise CtrlgenError(f"evaluation wrote {n_out} records for {n_in} generated rows ({records_path})")
+    sums = {
+        str(r["mode"]): {t: float(r[f"sum({t})"] or 0.0) for t in TERMS}
+        for r in records.map_batches(_terms, batch_format="pyarrow")
+        .groupby("mode")
+        .aggregate(*(Sum(t) for t in TERMS))
+        .take_all()
+    }
+    distinct = {
+        str(r["mode"]): int(r["count_distinct(value)"])
+        for r in records.map_batches(_ft_leaked, batch_format="pyarrow")
+        .groupby("mode")
+        .aggregate(CountDistinct("value"))
+        .take_all()
+    }
+    return metrics_from_sums(sums, distinct, shards.n_finetune_values)
+
+
+def metrics_table(metrics: dict[str, dict[str, float]]) -> str:
+    """Markdown: one row per mode (percentages, except counts)."""
+    head = ["mode", "outputs", "quarantined", "PIPP %", "PIPP long %", "ELP %", "ROUGE-2", "ROUGE-L",
+            *(f"ctx k={k} %" for k in KS)]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for mode, m in sorted(metrics.items()):
+        cells = [mode, f"{m['outputs']:.0f}", f"{m['quarantined']:.0f}", f"{100 * m['pipp']:.1f}",
+                 f"{100 * m['pipp_long']:.1f}", f"{100 * m['elp']:.1f}", f"{m['rouge2']:.3f}", f"{m['rougeL']:.3f}",
+                 *(f"{100 * m[f'ctx_{k}']:.1f}" for k in KS)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+@dataclass
+class EvaluateSummary:
+    rows: int
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    seconds: float = 0.0
+    output: str = ""
+
+    def text(self) -> str:
+        return (
+            f"{self.rows} generated rows evaluated in {self.seconds:.1f} s -> {self.output}\n"
+            f"{metrics_table(self.metrics)}"
+        )
+
+
+def run(cfg: CtrlgenConfig) -> EvaluateSummary:
     import ray
 
-    if not rows:
-        return []
-    table = pa.Table.from_pylist([{c: r.get(c) for c in _IN} for r in rows])
-    table = table.append_column(_INDEX, pa.array(range(len(rows)), pa.int64()))
-    out = (
-        ray.data.from_arrow(table)
-        .repartition(target_num_rows_per_block=block_rows)
-        .map_batches(
-            EvalActor,
-            fn_constructor_kwargs={"real": list(real), "finetune_ids": list(finetune_ids)},
-            batch_size=block_rows,
-            batch_format="pyarrow",
-            num_cpus=0.5,
-            compute=ray.data.ActorPoolStrategy(size=num_actors),
-        )
-        .take_all()
-    )
-    if len(out) != len(rows):
-        raise CtrlgenError(f"evaluation returned {len(out)} records for {len(rows)} generated rows")
-    out.sort(key=lambda r: r[_INDEX])
-    return [{k: v for k, v in r.items() if k != _INDEX} for r in out]
+    from ctrlgen.generation.report import FINETUNE_MODES
+    from ray_jobs.common import extraction_input
+    from ray_jobs.generate import _generated_dataset
+    from ray_jobs.runtime import init_ray
+
+    t0 = time.perf_counter()
+    e, g = cfg.evaluation, cfg.generation
+    out = storage.absolute(e.output or storage.join(cfg.output_dir, "evaluation"))
+    gen = storage.absolute(e.input or storage.join(cfg.output_dir, "generated"))
+    ref_given = e.references or g.context_input or g.input or storage.join(cfg.output_dir, "extracted")
+    refs = extraction_input(cfg, ref_given, "evaluate (references)")
+    init_ray(cfg)
+    generated = _generated_dataset(gen)
+    modes = {str(r["mode"]) for r in generated.select_columns(["mode"]).groupby("mode").count().take_all()}
+    references = ray.data.read_parquet(refs).select_columns(_REF_COLUMNS)
+    ids = None
+    if modes & set(FINETUNE_MODES):
+        ft_path = storage.absolute(e.finetune_data or g.finetune_data or storage.join(cfg.output_dir, "train_data"))
+        files = storage.parquet_files(ft_path, within="status=ok")
+        if not files:
+            raise CtrlgenError(f"{ft_path} holds no training examples (prefix rows are scored against them)")
+        ids = ray.data.read_parquet(files).select_columns(["doc_id"])
+    _say(f"sharding the references of {refs} into {e.num_shards} shards")
+    shards = shard_references(references, storage.join(out, "references"), e.num_shards, finetune_ids=ids)
+    _say(f"scoring {gen} with {e.num_actors} actors")
+    metrics = evaluate(generated, shards, storage.join(out, "records"), e.num_actors)
+    storage.write_text(storage.join(out, "metrics.json"), json.dumps(metrics, indent=2) + "\n")
+    storage.write_text(storage.join(out, "metrics.md"), metrics_table(metrics) + "\n")
+    rows = int(sum(m["outputs"] + m["quarantined"] for m in metrics.values()))
+    return EvaluateSummary(rows, metrics, time.perf_counter() - t0, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ray_jobs.common import job_main
+
+    return job_main("evaluate", __doc__, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -166,7 +166,8 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate
     from ctrlgen.metrics.linkage import RealRecord, linkage_attack
     from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample
-    from ray_jobs.evaluate import evaluate_rows
+    from ray_jobs.evaluate import evaluate, shard_references
+    from ray_jobs.generate import _generated_dataset
     from ray_jobs.generate import run as run_generate
     from ray_jobs.runtime import init_ray
     from ray_jobs.train import run as run_train
@@ -243,9 +244,20 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                 if canaries:
                     exposures[(setting, method, seed)] = _exposures(cfg, str(run_dir / "adapter"), canaries)
     base_exposure = _exposures(cfg, None, canaries) if canaries else []
-    # The local path's evaluators (built once; the Ray path builds the same per actor).
+    # The local path's evaluators (built once); the Ray path shards the same references once.
     evaluators = {False: Evaluator(real_icl), True: Evaluator(real_ft, sorted(real_ft))}
     n_ft_values = len(evaluators[True].ft_values)
+    shards = None
+    if x.distributed_eval:
+        shards = shard_references(
+            ray.data.read_parquet(str(splits["known"]["train"])).select_columns(_DOC_COLUMNS),
+            str(out / "eval_references"), x.eval_shards,
+            finetune=ray.data.from_items(list(planted_known)) if prefix_methods else None,
+        )  # fmt: skip
+        if shards.n_finetune_values != n_ft_values:
+            raise CtrlgenError(
+                f"sharded references hold {shards.n_finetune_values} fine-tuning values, not {n_ft_values}"
+            )
 
     # 5-6. Generation and evaluation per (setting, seed).
     util = _Utility(cfg, test_texts)
@@ -278,13 +290,12 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                 run_generate(_with(cfg, **over), score=False)  # the matrix scores with its own Evaluator
                 rows = read_generated(gen_dir / "generated")
                 ft = adapter is not None
-                real = real_ft if ft else real_icl
                 ft_ids = sorted(real_ft) if ft else []
-                if x.distributed_eval:
-                    records = evaluate_rows(rows, list(real.values()), ft_ids, num_actors=x.eval_actors)
+                if shards is not None:
+                    by_mode = evaluate(_generated_dataset(str(gen_dir / "generated")), shards,
+                                       str(gen_dir / "evaluation"), num_actors=x.eval_actors)  # fmt: skip
                 else:
-                    records = evaluators[ft].table(rows).to_pylist()
-                by_mode = aggregate(records, n_ft_values if ft else 0)
+                    by_mode = aggregate(evaluators[ft].table(rows).to_pylist(), n_ft_values if ft else 0)
                 for mode in sorted({r["mode"] for r in rows}):
                     method = modes[0] if ft else mode
                     ok = [r for r in rows if r["mode"] == mode and r["status"] == "ok"]

@@ -42,7 +42,7 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_ENV = "CTRLGEN_JOB_CONFIG"  # the resolved config (JSON) of a submitted job
-SUBMITTABLE = ("extract", "train", "generate", "experiment", "synthesize")
+SUBMITTABLE = ("extract", "train", "generate", "evaluate", "experiment", "synthesize")
 # Never shipped with the code: environments, history, outputs, caches.
 _EXCLUDES = [".venv", ".git", "runs", ".mypy_cache", ".pytest_cache", ".ruff_cache", "**/__pycache__",
              "*.egg-info", "build", "dist", ".cache"]  # fmt: skip
@@ -97,6 +97,7 @@ _PATH_FIELDS = (
     ("output_dir",), ("corpus", "path"), ("demo_corpus", "output_dir"),
     ("generation", "input"), ("generation", "context_input"), ("generation", "adapter"),
     ("generation", "finetune_data"), ("training", "input"), ("training", "storage_path"),
+    ("evaluation", "input"), ("evaluation", "references"), ("evaluation", "finetune_data"), ("evaluation", "output"),
 )  # fmt: skip
 
 

@@ -1,8 +1,8 @@
 """Per-document privacy metrics of generated rows, and their aggregation.
 
-The same two functions serve the local loop and the Ray Data job
-(``ray_jobs/evaluate.py``: :meth:`Evaluator.document` per row in ``map_batches``,
-:func:`aggregate` on the collected records), so both give the same numbers.
+The same functions serve the local loop and the Ray Data job (``ray_jobs/evaluate.py``:
+:meth:`ShardEvaluator.partial` per row and reference shard, :func:`merge_partials` per row,
+:func:`record_terms` summed per mode, :func:`metrics_from_sums`), so both give the same numbers.
 
 References are the *real* documents with their gold private values and spans
 (:class:`RealDoc`), whatever setting produced the generation: in the unknown
@@ -20,6 +20,7 @@ the references, :class:`~ctrlgen.metrics.rouge.RougeIndex`), ``ctx_1``..``ctx_4`
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,20 @@ from ctrlgen.metrics.context import KS, context_windows, leaks_by_k, merge_windo
 from ctrlgen.metrics.leakage import ValueIndex, leaked_values, normalize_value
 from ctrlgen.metrics.rouge import RougeIndex
 
-__all__ = ["LONG_VALUE", "RECORD_SCHEMA", "Evaluator", "RealDoc", "aggregate"]
+__all__ = [
+    "LONG_VALUE",
+    "PARTIAL_SCHEMA",
+    "RECORD_SCHEMA",
+    "TERMS",
+    "Evaluator",
+    "RealDoc",
+    "ShardEvaluator",
+    "aggregate",
+    "merge_partials",
+    "metrics_from_sums",
+    "record_terms",
+    "shard_of",
+]
 
 #: PIPP is also reported over values of at least this many characters (initials and
 #: one-digit values reappear by chance).
@@ -45,6 +59,23 @@ RECORD_SCHEMA = pa.schema(
         pa.field("status", pa.string()),
         pa.field("leaked", pa.list_(pa.string())),
         pa.field("n_values", pa.int32()),
+        pa.field("rouge2", pa.float64()),
+        pa.field("rougeL", pa.float64()),
+        *[pa.field(f"ctx_{k}", pa.bool_()) for k in KS],
+        pa.field("exact_calls", pa.int32()),
+    ]
+)
+
+#: One generated row scored against one shard of the references (:meth:`Evaluator.partial`).
+PARTIAL_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.string()),
+        pa.field("mode", pa.string()),
+        pa.field("status", pa.string()),
+        pa.field("n_context", pa.int32()),  # context documents the row names (ICL)
+        pa.field("found", pa.int32()),  # of which this shard holds (fine-tuning: documents held)
+        pa.field("leaked", pa.list_(pa.string())),
+        pa.field("values", pa.list_(pa.string())),  # normalised values of the held contexts (ICL)
         pa.field("rouge2", pa.float64()),
         pa.field("rougeL", pa.float64()),
         *[pa.field(f"ctx_{k}", pa.bool_()) for k in KS],
@@ -117,27 +148,135 @@ class Evaluator:
             )
         return self._contexts[key]
 
-    def document(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        """One generated row (``GENERATED_SCHEMA`` columns) -> one record (``RECORD_SCHEMA``)."""
-        rec: dict[str, Any] = {"doc_id": str(row["doc_id"]), "mode": row["mode"], "status": row["status"]}
+    def partial(self, row: Mapping[str, Any], require_all: bool = True) -> dict[str, Any]:
+        """One generated row -> its :data:`PARTIAL_SCHEMA` terms against the references held here.
+
+        ``require_all=False`` (a shard of the references, :class:`ShardEvaluator`): context
+        documents held elsewhere are skipped and ``found`` says how many were here; the
+        shards' partials of a row are merged by :func:`merge_partials`.
+        """
+        rec: dict[str, Any] = {"doc_id": str(row["doc_id"]), "mode": row["mode"], "status": row["status"],
+                               "n_context": 0, "found": 0, "leaked": [], "values": [], "rouge2": 0.0, "rougeL": 0.0,
+                               **{f"ctx_{k}": False for k in KS}, "exact_calls": 0}  # fmt: skip
         if row["status"] != "ok":
-            return {**rec, "leaked": [], "n_values": 0, "rouge2": 0.0, "rougeL": 0.0,
-                    **{f"ctx_{k}": False for k in KS}, "exact_calls": 0}  # fmt: skip
+            return rec
         text = row["text"]
+        values: list[str] = []
         if row["mode"] in FINETUNE_MODES:
+            if not self.ft_docs and not require_all:
+                return rec
             index, windows = self._finetune_refs()
-            leaked, n_values = self._ft_values.find(text), len(self.ft_values)
+            leaked, found = self._ft_values.find(text), len(self.ft_docs)
         else:
-            index, windows, values = self._context_refs(rec["doc_id"], row["context_ids"])
-            leaked, n_values = leaked_values(text, values), len(values)
+            ctx = list(row["context_ids"] or [])
+            rec["n_context"] = len(ctx)
+            held = ctx if require_all else [c for c in ctx if c in self.real]
+            if not held:
+                return rec
+            index, windows, values = self._context_refs(rec["doc_id"], held)
+            leaked, found = leaked_values(text, values), len(held)
         best = index.best(text)
         by_k = leaks_by_k(text, windows) if windows else {}
-        return {**rec, "leaked": sorted(leaked), "n_values": n_values, "rouge2": best.rouge2,
+        return {**rec, "found": found, "leaked": sorted(leaked), "values": values, "rouge2": best.rouge2,
                 "rougeL": best.rougeL, **{f"ctx_{k}": bool(by_k.get(k, False)) for k in KS},
                 "exact_calls": best.exact_calls}  # fmt: skip
 
+    def document(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """One generated row (``GENERATED_SCHEMA`` columns) -> one record (``RECORD_SCHEMA``)."""
+        return merge_partials([self.partial(row)], len(self.ft_values))
+
     def table(self, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
         return pa.Table.from_pylist([self.document(r) for r in rows], schema=RECORD_SCHEMA)
+
+
+def shard_of(doc_id: str, num_shards: int) -> int:
+    """The reference shard of a document (a stable hash of its id)."""
+    return zlib.crc32(str(doc_id).encode("utf-8")) % num_shards
+
+
+class ShardEvaluator:
+    """One shard of the references: ICL context documents and fine-tuning documents.
+
+    The distributed evaluation (``ray_jobs/evaluate.py``) sends each generated row to the
+    shards holding its context documents (a fine-tuning row to every shard); every shard
+    scores it against what it holds and :func:`merge_partials` combines the partials. Each
+    metric decomposes over disjoint reference sets: leaked values are a union (every value
+    is tested on its own), ROUGE maxima a maximum, entity-in-context hits an "any".
+    """
+
+    def __init__(self, real: Mapping[str, RealDoc], finetune: Mapping[str, RealDoc]) -> None:
+        self.icl = Evaluator(real)
+        self.ft = Evaluator(finetune, sorted(finetune))
+
+    def partial(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        ev = self.ft if row["mode"] in FINETUNE_MODES else self.icl
+        return ev.partial(row, require_all=False)
+
+    def table(self, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+        return pa.Table.from_pylist([self.partial(r) for r in rows], schema=PARTIAL_SCHEMA)
+
+
+def merge_partials(parts: Sequence[Mapping[str, Any]], n_finetune_values: int) -> dict[str, Any]:
+    """The record (:data:`RECORD_SCHEMA`) of one generated row from its partials over disjoint reference sets.
+
+    ``exact_calls`` is summed (each shard searches its own references, so it may differ
+    from one search over all of them; the metrics do not use it). Raises when an ICL
+    row's context documents were not all found.
+    """
+    if not parts:
+        raise CtrlgenError("no partial records to merge")
+    first = parts[0]
+    rec: dict[str, Any] = {"doc_id": first["doc_id"], "mode": first["mode"], "status": first["status"]}
+    ft = first["mode"] in FINETUNE_MODES
+    if first["status"] == "ok" and not ft:
+        found = sum(int(p["found"]) for p in parts)
+        if found != first["n_context"]:
+            raise CtrlgenError(
+                f"{first['n_context'] - found} context document(s) of output {first['doc_id']} have no reference"
+            )
+    if first["status"] != "ok":
+        n_values = 0
+    elif ft:
+        n_values = n_finetune_values
+    else:
+        n_values = len({v for p in parts for v in p["values"]})
+    return {**rec, "leaked": sorted({v for p in parts for v in p["leaked"]}), "n_values": n_values,
+            "rouge2": max(float(p["rouge2"]) for p in parts), "rougeL": max(float(p["rougeL"]) for p in parts),
+            **{f"ctx_{k}": any(bool(p[f"ctx_{k}"]) for p in parts) for k in KS},
+            "exact_calls": sum(int(p["exact_calls"]) for p in parts)}  # fmt: skip
+
+
+#: Per-record numeric terms; a mode's metrics are their sums over its records (divided by ``outputs``).
+TERMS = ("outputs", "quarantined", "pipp", "pipp_long", "elp", "rouge2", "rougeL", *(f"ctx_{k}" for k in KS))
+
+
+def record_terms(r: Mapping[str, Any]) -> dict[str, float]:
+    """The :data:`TERMS` of one record (``elp``: the ICL term, leaked / context values)."""
+    if r["status"] != "ok":
+        return {t: (1.0 if t == "quarantined" else 0.0) for t in TERMS}
+    leaked = r["leaked"]
+    return {"outputs": 1.0, "quarantined": 0.0, "pipp": 1.0 if leaked else 0.0,
+            "pipp_long": 1.0 if any(len(v) >= LONG_VALUE for v in leaked) else 0.0,
+            "elp": len(leaked) / r["n_values"] if r["n_values"] else 0.0,
+            "rouge2": float(r["rouge2"]), "rougeL": float(r["rougeL"]),
+            **{f"ctx_{k}": 1.0 if r[f"ctx_{k}"] else 0.0 for k in KS}}  # fmt: skip
+
+
+def metrics_from_sums(
+    sums: Mapping[str, Mapping[str, float]], distinct: Mapping[str, int], n_finetune_values: int = 0
+) -> dict[str, dict[str, float]]:
+    """mode -> metrics from the per-mode sums of :func:`record_terms` and, for fine-tuning
+    modes, the number of distinct leaked values (their ELP)."""
+    out: dict[str, dict[str, float]] = {}
+    for mode, s in sorted(sums.items()):
+        n = s["outputs"]
+        m: dict[str, float] = {"outputs": float(n), "quarantined": float(s["quarantined"])}
+        for t in TERMS[2:]:
+            m[t] = s[t] / n if n else 0.0
+        if mode in FINETUNE_MODES:
+            m["elp"] = distinct.get(mode, 0) / n_finetune_values if n_finetune_values else 0.0
+        out[mode] = {k: m[k] for k in ("outputs", "quarantined", *TERMS[2:])}
+    return out
 
 
 def aggregate(records: Iterable[Mapping[str, Any]], n_finetune_values: int = 0) -> dict[str, dict[str, float]]:
@@ -147,30 +286,14 @@ def aggregate(records: Iterable[Mapping[str, Any]], n_finetune_values: int = 0) 
     leaked / ``n_finetune_values``), ``pipp_long`` (PIPP over values of at least
     :data:`LONG_VALUE` characters), ``rouge2``, ``rougeL`` (means), ``ctx_k``
     (share of outputs with entity-in-context leakage at k), ``outputs``,
-    ``quarantined``.
+    ``quarantined``. The distributed job sums the same :func:`record_terms` with Ray Data.
     """
-    by: dict[str, list[Mapping[str, Any]]] = {}
+    sums: dict[str, dict[str, float]] = {}
+    leaked: dict[str, set[str]] = {}
     for r in records:
-        by.setdefault(r["mode"], []).append(r)
-    out: dict[str, dict[str, float]] = {}
-    for mode, rs in sorted(by.items()):
-        ok = [r for r in rs if r["status"] == "ok"]
-        n = len(ok)
-        m: dict[str, float] = {"outputs": float(n), "quarantined": float(len(rs) - n)}
-
-        def mean(xs: Iterable[float], n: int = n) -> float:
-            return sum(xs) / n if n else 0.0
-
-        m["pipp"] = mean(1.0 if r["leaked"] else 0.0 for r in ok)
-        m["pipp_long"] = mean(1.0 if any(len(v) >= LONG_VALUE for v in r["leaked"]) else 0.0 for r in ok)
-        if mode in FINETUNE_MODES:
-            distinct = {v for r in ok for v in r["leaked"]}
-            m["elp"] = len(distinct) / n_finetune_values if n_finetune_values else 0.0
-        else:
-            m["elp"] = mean(len(r["leaked"]) / r["n_values"] if r["n_values"] else 0.0 for r in ok)
-        m["rouge2"] = mean(r["rouge2"] for r in ok)
-        m["rougeL"] = mean(r["rougeL"] for r in ok)
-        for k in KS:
-            m[f"ctx_{k}"] = mean(1.0 if r[f"ctx_{k}"] else 0.0 for r in ok)
-        out[mode] = m
-    return out
+        s = sums.setdefault(r["mode"], dict.fromkeys(TERMS, 0.0))
+        for t, v in record_terms(r).items():
+            s[t] += v
+        if r["status"] == "ok" and r["mode"] in FINETUNE_MODES:
+            leaked.setdefault(r["mode"], set()).update(r["leaked"])
+    return metrics_from_sums(sums, {m: len(v) for m, v in leaked.items()}, n_finetune_values)

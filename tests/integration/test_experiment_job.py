@@ -42,24 +42,69 @@ def test_experiment_matrix_writes_table_json_and_plot(ray_cluster, tmp_path, sha
     assert "| known | Prefix tuning + masking |" in capsys.readouterr().out
 
 
-def test_ray_evaluation_equals_the_local_loop(ray_cluster):
-    from ray_jobs.evaluate import evaluate_rows
+def _ref_row(doc_id: str, text: str, values: tuple[str, ...]) -> dict:
+    ents = []
+    for v in values:
+        i = text.index(v)
+        ents.append({"start": i, "end": i + len(v), "label": "X", "text": v})
+    return {"doc_id": doc_id, "text": text, "entities": ents}
 
-    real = [
-        RealDoc("a", "Seen by Dr Smith on ward 5 today.", ("Smith", "5"), ((11, 16), (25, 26))),
-        RealDoc("b", "Mrs Jones called from Boston about her mother.", ("Jones", "Boston"), ((4, 9), (22, 28))),
-        RealDoc("c", "No names here at all, only fever.", (), ()),
+
+def test_sharded_ray_evaluation_equals_the_local_loop(ray_cluster, tmp_path):
+    """The evaluation job's path (references sharded, partials merged, Ray Data sums) = the local Evaluator."""
+    import ray
+
+    from ray_jobs.evaluate import evaluate, shard_references
+
+    num_shards = 3  # one shard: tests/unit/test_eval_metrics.py
+    refs = [
+        _ref_row("a", "Seen by Dr Smith on ward 5 today.", ("Smith", "5")),
+        _ref_row("b", "Mrs Jones called from Boston about her mother.", ("Jones", "Boston")),
+        _ref_row("c", "No names here at all, only fever.", ()),
+        *(
+            _ref_row(f"d{i}", f"Patient Name{i} seen in Clinic{i} on day {i}.", (f"Name{i}", f"Clinic{i}"))
+            for i in range(9)
+        ),
     ]
-    texts = ["Dr Smith saw her on ward 5.", "Mrs Jones called from Boston.", "fever only", "", "Smith and Jones"]
+    # the fine-tuning references carry a planted canary the ICL references do not have
+    ft_refs = [_ref_row("a", "Seen by Dr Smith on ward 5 today. Secret Zorblax.", ("Smith", "5", "Zorblax")),
+               refs[1], refs[4]]  # fmt: skip
+    texts = ["Dr Smith saw her on ward 5.", "Mrs Jones called from Boston.", "fever only", "", "Smith and Jones",
+             "Zorblax met Name2 in Clinic2", "Name7 went to Clinic3 today"]  # fmt: skip
+    ctxs = [["a", "b", "c"], ["d2", "d3", "a"], ["d7", "c", "d3"]]
     rows = [
-        {"doc_id": f"t{i}", "mode": mode, "text": t, "context_ids": ctx, "status": "ok" if t else "quarantined"}
+        {"doc_id": f"t{i}", "mode": mode, "text": t, "context_ids": ctx if mode != "prefix" else [],
+         "status": "ok" if t else "quarantined"}
         for i, t in enumerate(texts)
-        for mode, ctx in (("icl", ["a", "b", "c"]), ("prefix", []))
-    ]
-    ft = ["a", "b"]
-    local = Evaluator({d.doc_id: d for d in real}, ft).table(rows).to_pylist()
-    ray_records = evaluate_rows(rows, real, ft, num_actors=2, block_rows=3)
-    assert ray_records == local
-    n_values = len(Evaluator({d.doc_id: d for d in real}, ft).ft_values)
-    assert aggregate(ray_records, n_values) == aggregate(local, n_values)
-    assert aggregate(local, n_values)["icl"]["pipp"] == pytest.approx(3 / 4)
+        for mode, ctx in (("icl", ctxs[i % 3]), ("icl_blocking", ctxs[(i + 1) % 3]), ("prefix", []))
+    ]  # fmt: skip
+    real = {r["doc_id"]: RealDoc.from_row(r) for r in refs}
+    real_ft = {r["doc_id"]: RealDoc.from_row(r) for r in ft_refs}
+    ft_ids = sorted(real_ft)
+    icl_local = Evaluator(real).table([r for r in rows if r["mode"] != "prefix"]).to_pylist()
+    ft_eval = Evaluator(real_ft, ft_ids)
+    ft_local = ft_eval.table([r for r in rows if r["mode"] == "prefix"]).to_pylist()
+    want = aggregate(icl_local + ft_local, len(ft_eval.ft_values))
+
+    shards = shard_references(ray.data.from_items(refs), str(tmp_path / "refs"), num_shards,
+                              finetune=ray.data.from_items(ft_refs))  # fmt: skip
+    assert shards.n_finetune_values == len(ft_eval.ft_values)
+    got = evaluate(ray.data.from_items(rows), shards, str(tmp_path / "records"), num_actors=2)
+    assert set(got) == set(want)
+    for mode in want:
+        assert got[mode] == pytest.approx(want[mode]), mode
+    records = {(r["doc_id"], r["mode"]): r for r in ray.data.read_parquet(str(tmp_path / "records")).take_all()}
+    for r in icl_local + ft_local:
+        g = records[(r["doc_id"], r["mode"])]
+        assert {k: (list(v) if k == "leaked" else v) for k, v in g.items() if k != "exact_calls"} == {
+            k: v for k, v in r.items() if k != "exact_calls"
+        }
+    assert want["icl"]["pipp"] > 0 and want["prefix"]["elp"] > 0
+
+    # fine-tuning references chosen by id from the ICL references (the evaluation job's way)
+    by_id = shard_references(ray.data.from_items(refs), str(tmp_path / "refs2"), num_shards,
+                             finetune_ids=ray.data.from_items([{"doc_id": d} for d in ("b", "d1", "b")]))  # fmt: skip
+    assert by_id.n_finetune_values == 4  # jones, boston, name1, clinic1
+    with pytest.raises(Exception, match="1 fine-tuning document"):
+        shard_references(ray.data.from_items(refs), str(tmp_path / "refs3"), num_shards,
+                         finetune_ids=ray.data.from_items([{"doc_id": d} for d in ("b", "zz")]))  # fmt: skip

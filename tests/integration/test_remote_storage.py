@@ -94,3 +94,16 @@ def test_synthesize_pipeline_reads_and_writes_only_s3(s3_server, tmp_path):
     again = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert again.stdout.count("skipped (done)") == 4
+
+    # The evaluation job on the same output: references (the extraction) sharded on s3, records on s3.
+    ev_cmd = [sys.executable, "-m", "ctrlgen.cli", "evaluate", *cmd[4:], "evaluation.num_shards=3"]
+    ev = subprocess.run(ev_cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
+    assert list(work.iterdir()) == []
+    metrics = json.loads(storage.read_text(f"{out}/evaluation/metrics.json"))
+    assert {m: v["outputs"] + v["quarantined"] for m, v in metrics.items()} == {"icl_blocking": 4, "prefix": 4}
+    rel = [k.split("/run-a/", 1)[1] for k in _objects(out)]
+    ft_shards = {r.split("/")[3] for r in rel if r.startswith("evaluation/references/finetune/")}
+    assert ft_shards and ft_shards <= {"shard=0", "shard=1", "shard=2"}
+    assert any(r.startswith("evaluation/records/") and r.endswith(".parquet") for r in rel)
+    assert "| prefix |" in ev.stdout and "| icl_blocking |" in ev.stdout

@@ -217,3 +217,35 @@ def test_evaluator_unknown_references_are_errors() -> None:
         Evaluator(_real(), finetune_ids=["zz"])
     with pytest.raises(Exception, match="no reference"):
         Evaluator(_real()).document(_row("t", "icl", "x", ["zz"]))
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 3, 5])
+def test_sharded_references_give_the_records_of_one_evaluator(num_shards: int) -> None:
+    """Each row scored against every shard holding its references, partials merged: the same records."""
+    from ctrlgen.metrics.evaluate import ShardEvaluator, merge_partials, shard_of
+
+    real = _real()
+    rows = [
+        _row("t1", "icl", "Dr Smith saw her on ward 5 and Mrs Jones called.", ["a", "b", "c"]),
+        _row("t2", "icl", "Nothing private.", ["b", "c"]),
+        _row("t3", "icl", "", ["a"], status="quarantined"),
+        _row("t4", "prefix", "Mrs Jones called from Boston. Seen by Dr Smith.", []),
+        _row("t5", "prefix", "A quiet day.", []),
+        _row("t6", "icl", "no contexts", []),
+    ]
+    ev = Evaluator(real, finetune_ids=["a", "b"])
+    shards = [
+        ShardEvaluator(
+            {d: r for d, r in real.items() if shard_of(d, num_shards) == k},
+            {d: r for d, r in real.items() if d in ("a", "b") and shard_of(d, num_shards) == k},
+        )
+        for k in range(num_shards)
+    ]
+    for row in rows:
+        merged = merge_partials([s.partial(row) for s in shards], len(ev.ft_values))
+        want = ev.document(row)
+        assert {k: v for k, v in merged.items() if k != "exact_calls"} == {
+            k: v for k, v in want.items() if k != "exact_calls"
+        }
+    with pytest.raises(Exception, match="1 context document"):
+        merge_partials([s.partial(_row("t", "icl", "x", ["a", "zz"])) for s in shards], 0)
