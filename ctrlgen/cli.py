@@ -295,12 +295,52 @@ are by gold category, precision by predicted category. All gold spans count (DIR
 """
 
 
+def cmd_train_ner(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+    import json
+    import shutil
+
+    from ctrlgen.corpora import load_corpus
+    from ctrlgen.extract.crossval import TrainJob, ner_model_dir, train_cached
+    from ctrlgen.extract.ner import META_FILE
+
+    ex = cfg.extraction
+    out = args.out or ex.ner_model
+    if not out:
+        raise CtrlgenError("train-ner: give --out DIR or set extraction.ner_model (where the NER is written)")
+    docs, quarantined, _ = load_corpus(cfg.corpus)
+    if args.limit:
+        docs = docs[: args.limit]
+    if not docs:
+        raise CtrlgenError(f"train-ner: the corpus {cfg.corpus.path} has no documents to train on")
+    # The key: what the model is trained on and how; an existing model with the same key is kept.
+    key = ner_model_dir(Path("."), docs, ex.ner_training, cfg.nlp.spacy_model, "k").name
+    meta_path = Path(out) / META_FILE
+    if meta_path.is_file() and not args.force:
+        old = json.loads(meta_path.read_text()).get("trained_on", {}).get("key")
+        if old == key:
+            print(
+                f"train-ner: {out} is already trained on these {len(docs)} documents with these settings (--force retrains)"
+            )
+            return 0
+    if Path(out).exists():
+        shutil.rmtree(out)
+    meta = {"key": key, "corpus": cfg.corpus.path, "format": cfg.corpus.format, "documents": len(docs),
+            "quarantined": len(quarantined), "config": args.config, "overrides": list(args.overrides),
+            "limit": args.limit}  # fmt: skip
+    train_cached([TrainJob(list(docs), Path(out), ex.ner_training, cfg.nlp.spacy_model, ex.name_lists, meta)], 1)
+    res = json.loads(meta_path.read_text())
+    print(f"train-ner: NER trained on {res['documents']} documents ({res['spans']} spans), {res['epochs']} epochs, "
+          f"seed {res['seed']}, in {res['seconds']:.0f} s -> {out}")  # fmt: skip
+    return 0
+
+
 def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     from ctrlgen.extract.report import extraction_report
 
-    body = extraction_report(cfg, Path(args.physionet), Path(args.tab), args.limit)
+    body = extraction_report(cfg, Path(args.physionet), Path(args.tab), args.limit, args.deid)
     ex = cfg.extraction
-    command = "ctrlgen extract-report" + (f" --limit {args.limit}" if args.limit else "")
+    command = "ctrlgen extract-report" + (f" -c {args.config}" if args.config else "") + (
+        f" --limit {args.limit}" if args.limit else "")  # fmt: skip
     head = _REPORT_HEAD.format(
         command=command,
         spacy=cfg.nlp.spacy_model,
@@ -426,6 +466,12 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
         "Start the synthesis service (Ray Serve: /v1/synthesize, /v1/extract, /v1/score) from a Serve config "
         "file on a private local cluster (or ray.address) and serve until Ctrl-C; see docs/serving.md.",
     ),
+    "train-ner": (
+        cmd_train_ner,
+        "Fine-tune the clinical NER of the unknown setting on the config corpus' gold spans (extraction.ner_training; "
+        "surrogates from extraction.name_lists) and write it to extraction.ner_model (or --out); kept when already "
+        "trained on the same documents with the same settings.",
+    ),
     "leakage": (cmd_leakage, "PIPP/ELP per mode of generated Parquet output (recomputed from the text)."),
     "assets": (cmd_assets, "Load the offline spaCy pipeline and sentence encoder to check they are installed."),
     "config": (cmd_config, "Print the resolved config (file + overrides + defaults) as YAML."),
@@ -485,6 +531,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             sp.add_argument("--tab", default="../shared/data/tab", help="TAB JSON file or directory.")
             sp.add_argument("--out", default="docs/extraction.md", help="Markdown file to write.")
             sp.add_argument("--limit", type=int, default=None, help="Only the first N PhysioNet notes.")
+            sp.add_argument("--deid", default="../shared/tools/physionet-deid",
+                            help="PhysioNet's deid tool, run beside ctrlgen on the same notes ('' to skip).")  # fmt: skip
+        if name == "train-ner":
+            sp.add_argument("--out", default=None, help="Directory to write (default extraction.ner_model).")
+            sp.add_argument("--limit", type=int, default=None, help="Train on the first N documents only.")
+            sp.add_argument("--force", action="store_true", help="Retrain even when an identical model exists.")
         if name == "serve":
             sp.add_argument(
                 "--serve-config", default="configs/serve/demo.yaml", help="Ray Serve config file (deployments)."

@@ -188,6 +188,24 @@ class NlpAssetsConfig(_Model):
     )
 
 
+class NerTrainingConfig(_Model):
+    """How `ctrlgen train-ner` (and the report's cross-validation) fine-tunes the clinical NER."""
+
+    epochs: int = Field(8, ge=1, description="Passes over the training documents.")
+    seed: int = Field(0, description="Seeds the spaCy weights, the shuffles, the surrogates and the patient folds.")
+    dropout: float = Field(0.2, ge=0.0, lt=1.0, description="spaCy dropout during updates.")
+    negatives: float = Field(
+        0.3, ge=0.0, le=1.0, description="Share of documents without any private span seen per epoch (seeded)."
+    )
+    augment_share: float = Field(
+        0.6, ge=0.0, le=1.0,
+        description="Share of documents with spans seen with surrogate names / places / digits per epoch "
+        "(needs extraction.name_lists).",
+    )  # fmt: skip
+    folds: int = Field(5, ge=2, description="Patient folds of the extraction report's cross-validation.")
+    workers: int = Field(2, ge=1, description="Folds trained in parallel processes.")
+
+
 class ExtractionConfig(_Model):
     """Entity extraction (METHOD.md section 2): known (gold / placeholders) or unknown (Presidio)."""
 
@@ -216,6 +234,23 @@ class ExtractionConfig(_Model):
         default_factory=lambda: ["tok2vec", "tagger", "parser", "attribute_ruler", "lemmatizer"],
         description="spaCy components NER does not need, disabled for speed (en_core_web_sm's ner has its own tok2vec; the shared one only feeds tagger and parser).",
     )
+    ner_model: str | None = Field(
+        None,
+        description="A clinical NER trained by `ctrlgen train-ner` (its directory): the Presidio engine's spaCy "
+        "model instead of nlp.spacy_model, its labels ctrlgen's categories. None: the general spaCy NER.",
+    )
+    name_lists: str | None = Field(
+        None,
+        description="Directory of deid-format general name and place lists (female_names_unambig.txt, "
+        "last_names_unambig.txt, locations_unambig.txt, ...): DictionaryRecognizer's names and places, and the "
+        "surrogates `ctrlgen train-ner` swaps into training spans.",
+    )
+    common_words: str | None = Field(
+        None,
+        description="Directory of deid-format common-word dictionaries (common_words.txt, sno_edited.txt, ...): "
+        "words that DictionaryRecognizer never takes for a name on their own.",
+    )
+    ner_training: NerTrainingConfig = Field(default_factory=NerTrainingConfig)
     nlp_batch_size: int = Field(32, ge=1, description="Texts per spaCy nlp.pipe batch.")
     num_actors: int = Field(2, ge=1, description="Ray Data actor pool size (analyzer loaded once per actor).")
     actor_num_cpus: float = Field(
@@ -498,8 +533,33 @@ class ExperimentConfig(_Model):
     distributed_eval: bool = Field(
         True, description="Per-document metrics in a Ray Data actor pool (false: a local loop; same numbers)."
     )
-    eval_actors: int = Field(2, ge=1, description="Evaluation actors (references indexed once per actor).")
+    eval_actors: int = Field(2, ge=1, description="Evaluation actors (each holds one reference shard at a time).")
+    eval_shards: int = Field(4, ge=1, description="Reference shards of the distributed evaluation.")
     torch_threads: int | None = Field(None, ge=1, description="torch threads of the driver's utility metrics.")
+
+
+class EvaluationConfig(_Model):
+    """The evaluation job (``ctrlgen evaluate``): per-document privacy metrics of a generation output."""
+
+    input: str | None = Field(
+        None, description="A generation output (its generated/ directory); default <output_dir>/generated."
+    )
+    references: str | None = Field(
+        None,
+        description="The real documents with their private values and spans (an extraction output; use the "
+        "known setting's, the gold annotation, to measure an unknown-setting run). Default: "
+        "generation.context_input, then generation.input, then <output_dir>/extracted.",
+    )
+    finetune_data: str | None = Field(
+        None,
+        description="The prefix adapter's training examples (their doc_ids pick the fine-tuning references); "
+        "default generation.finetune_data, then <output_dir>/train_data. Read only when prefix rows exist.",
+    )
+    output: str | None = Field(None, description="Where records and metrics go; default <output_dir>/evaluation.")
+    num_shards: int = Field(
+        8, ge=1, description="Reference shards (by a hash of doc_id): each scoring actor holds one shard at a time."
+    )
+    num_actors: int = Field(2, ge=1, description="Scoring actors.")
 
 
 class CtrlgenConfig(_Model):
@@ -516,6 +576,7 @@ class CtrlgenConfig(_Model):
     extraction: ExtractionConfig = Field(default_factory=ExtractionConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     experiment: ExperimentConfig = Field(default_factory=ExperimentConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)

@@ -22,7 +22,13 @@ from typing import Any
 from ctrlgen.assets import load_spacy, offline_env
 from ctrlgen.config import ExtractionConfig
 from ctrlgen.errors import AssetError
-from ctrlgen.extract.recognizers import PATTERN_RECOGNIZERS, MimicPlaceholderRecognizer, build_pattern_recognizer
+from ctrlgen.extract.recognizers import (
+    PATTERN_RECOGNIZERS,
+    DictionaryRecognizer,
+    MimicPlaceholderRecognizer,
+    NameLists,
+    build_pattern_recognizer,
+)
 from ctrlgen.schema import CATEGORIES, Document, Entity, identifier_kinds
 
 __all__ = ["CATEGORY_KIND", "PRESIDIO_TO_CATEGORY", "PresidioExtractor", "build_stock_analyzer", "results_to_entities"]
@@ -66,6 +72,17 @@ _SPACY_LABELS = {
     "DATE": "DATE_TIME",
     "MONEY": "MONEY",
     "PERCENT": "QUANTITY",
+}
+#: A ctrlgen NER's labels (:data:`ctrlgen.extract.ner.LABELS`) -> Presidio entity names.
+_NER_LABELS = {
+    "PERSON": "PERSON",
+    "LOC": "LOCATION",
+    "DATETIME": "DATE_TIME",
+    "CODE": "CODE",
+    "DEM": "DEM",
+    "ORG": "ORGANIZATION",
+    "MISC": "MISC",
+    "QUANTITY": "QUANTITY",
 }
 _SPACY_IGNORE = ["TIME", "CARDINAL", "EVENT", "LANGUAGE", "LAW", "ORDINAL", "PRODUCT", "QUANTITY", "WORK_OF_ART"]
 
@@ -140,15 +157,15 @@ def _no_context_enhancer() -> Any:
     return _NoContextEnhancer()
 
 
-def _nlp_engine(spacy_model: str, disable: Sequence[str], ner_only: bool) -> Any:
+def _nlp_engine(spacy_model: str, disable: Sequence[str], ner_only: bool, ner_model: str | None = None) -> Any:
     from presidio_analyzer.nlp_engine import NerModelConfiguration, SpacyNlpEngine
 
     cls = _fast_engine_class() if ner_only else SpacyNlpEngine
     engine = cls(
-        models=[{"lang_code": "en", "model_name": spacy_model}],
+        models=[{"lang_code": "en", "model_name": ner_model or spacy_model}],
         ner_model_configuration=NerModelConfiguration(
-            model_to_presidio_entity_mapping=_SPACY_LABELS,
-            labels_to_ignore=_SPACY_IGNORE,
+            model_to_presidio_entity_mapping=_NER_LABELS if ner_model else _SPACY_LABELS,
+            labels_to_ignore=[] if ner_model else _SPACY_IGNORE,
             # spaCy's ORG / NRP fire on clinical abbreviations (PMH, CAD, PERM): their score is
             # multiplied by 0.4, below the default threshold, so that only ctrlgen's facility
             # patterns (or a lowered threshold) produce ORG.
@@ -157,8 +174,26 @@ def _nlp_engine(spacy_model: str, disable: Sequence[str], ner_only: bool) -> Any
         ),
     )
     # Load the pipeline ourselves: SpacyNlpEngine.load() would try to download a missing one.
-    engine.nlp = {"en": load_spacy(spacy_model, disable=list(disable))}
+    if ner_model:
+        engine.nlp = {"en": load_ner(ner_model)}
+    else:
+        engine.nlp = {"en": load_spacy(spacy_model, disable=list(disable))}
     return engine
+
+
+def load_ner(path: str) -> Any:
+    """A ``ctrlgen train-ner`` pipeline (tokenizer + ner), with a clear error when it is missing."""
+    from pathlib import Path
+
+    from ctrlgen.extract.ner import META_FILE
+
+    p = Path(path).expanduser()
+    if not (p / META_FILE).is_file():
+        raise AssetError(
+            f"extraction.ner_model {path} is not a trained NER (no {META_FILE}); "
+            "make it with `ctrlgen train-ner` (the set-up commands train the default one)"
+        )
+    return load_spacy(str(p))
 
 
 def build_stock_analyzer(spacy_model: str) -> Any:
@@ -177,6 +212,7 @@ def build_stock_analyzer(spacy_model: str) -> Any:
     return AnalyzerEngine(nlp_engine=engine, supported_languages=["en"])
 
 
+_OWN = ("MimicPlaceholderRecognizer", "DictionaryRecognizer")
 _DATE_ANCHOR = re.compile(
     r"\d|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b|\b(?:mon|tues|wednes|thurs|fri|satur|sun)day\b",
     re.IGNORECASE,
@@ -211,7 +247,7 @@ def results_to_entities(text: str, results: Sequence[Any], threshold: float, kin
             continue
         taken.append((start, end))
         name = (r.recognition_metadata or {}).get("recognizer_name", "") if hasattr(r, "recognition_metadata") else ""
-        source = "pattern" if name in PATTERN_RECOGNIZERS or name == "MimicPlaceholderRecognizer" else "presidio"
+        source = "pattern" if name in PATTERN_RECOGNIZERS or name in _OWN else "presidio"
         out.append(Entity(start, end, text[start:end], category, kind, source, r.entity_type))
     out.sort(key=lambda e: (e.start, e.end))
     return out
@@ -232,37 +268,34 @@ class PresidioExtractor:
         t0 = time.perf_counter()
         # Without the lemmatizer, lemmas and Presidio's lemma-based context step have nothing to work on.
         ner_only = "lemmatizer" in cfg.spacy_disable
-        self._engine = _nlp_engine(spacy_model, cfg.spacy_disable, ner_only)
+        self._engine = _nlp_engine(spacy_model, cfg.spacy_disable, ner_only or bool(cfg.ner_model), cfg.ner_model)
         registry = RecognizerRegistry(supported_languages=["en"])
         wanted = list(cfg.recognizers)
         for name in wanted:
             if name == "SpacyRecognizer":
-                registry.add_recognizer(
-                    SpacyRecognizer(
-                        supported_entities=[
-                            "PERSON",
-                            "LOCATION",
-                            "ORGANIZATION",
-                            "DATE_TIME",
-                            "NRP",
-                            "MONEY",
-                            "QUANTITY",
-                        ]
-                    )
-                )
+                ents = ["PERSON", "LOCATION", "ORGANIZATION", "DATE_TIME", "NRP", "MONEY", "QUANTITY"]
+                if cfg.ner_model:
+                    ents = sorted(set(_NER_LABELS.values()))
+                registry.add_recognizer(SpacyRecognizer(supported_entities=ents))
             elif name == "MimicPlaceholderRecognizer":
                 registry.add_recognizer(MimicPlaceholderRecognizer())
+            elif name == "DictionaryRecognizer":
+                if not cfg.name_lists:
+                    raise AssetError(
+                        "DictionaryRecognizer needs extraction.name_lists (a directory of deid-format lists)"
+                    )
+                registry.add_recognizer(DictionaryRecognizer(NameLists.from_dirs(cfg.name_lists, cfg.common_words)))
             elif name in PATTERN_RECOGNIZERS:
                 registry.add_recognizer(build_pattern_recognizer(PATTERN_RECOGNIZERS[name]))
             else:
-                known = ["SpacyRecognizer", "MimicPlaceholderRecognizer", *PATTERN_RECOGNIZERS]
+                known = ["SpacyRecognizer", "MimicPlaceholderRecognizer", "DictionaryRecognizer", *PATTERN_RECOGNIZERS]
                 raise AssetError(f"unknown recognizer {name!r} in extraction.recognizers; known: {known}")
         self._analyzer = AnalyzerEngine(
             registry=registry,
             nlp_engine=self._engine,
             supported_languages=["en"],
             default_score_threshold=cfg.score_threshold,
-            context_aware_enhancer=_no_context_enhancer() if ner_only else None,
+            context_aware_enhancer=_no_context_enhancer() if ner_only or cfg.ner_model else None,
         )
         self._entities = sorted({e for r in registry.recognizers for e in r.supported_entities})
         self._kinds = identifier_kinds(identifiers)

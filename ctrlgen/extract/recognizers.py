@@ -178,3 +178,107 @@ def _placeholder_recognizer_class() -> Any:
 def MimicPlaceholderRecognizer() -> Any:
     """A Presidio recognizer for MIMIC placeholders (built lazily: Presidio imports are slow)."""
     return _placeholder_recognizer_class()()
+
+
+#: Words that make a following (or preceding) dictionary-ambiguous name a name: titles,
+#: relations, roles (deid's context rules, general English and clinical usage).
+NAME_CONTEXT = frozenset(
+    """dr doctor drs mr mrs ms miss mister wife husband son sons daughter daughters dtr mother mom father dad
+    brother sister aunt uncle niece nephew cousin grandson granddaughter grandmother grandfather friend girlfriend
+    boyfriend fiance fiancee spouse hcp proxy named""".split()
+)
+_WORD = r"(?<![\w])[A-Za-z][A-Za-z'\-]*(?![\w])"  # a word standing alone ("sao2" is no word)
+
+
+@dataclass(frozen=True)
+class NameLists:
+    """deid-format general lists (one entry per line): names, places, and common words that are not names."""
+
+    names: frozenset[str]  # unambiguous first and last names (upper case)
+    ambiguous: frozenset[str]  # names that are also words: found only in name context
+    places: frozenset[str]  # places and hospitals, upper case, up to 4 words
+    common: frozenset[str]  # lower-case English and clinical words (never a name on their own)
+    commonest: frozenset[str] = frozenset()  # the most frequent words: never a name, even in name context
+
+    @staticmethod
+    def from_dirs(lists_dir: str, dict_dir: str | None = None) -> NameLists:
+        from pathlib import Path
+
+        from ctrlgen.errors import AssetError
+
+        def read(d: str | None, *files: str) -> set[str]:
+            out: set[str] = set()
+            for f in files:
+                p = Path(d or "") / f
+                if d and p.is_file():
+                    out.update(x.strip() for x in p.read_text(encoding="utf-8", errors="replace").splitlines())
+            return {x for x in out if x}
+
+        names = read(lists_dir, "female_names_unambig.txt", "male_names_unambig.txt", "last_names_unambig.txt")
+        if not names:
+            raise AssetError(f"{lists_dir} holds no deid-format name lists (female_names_unambig.txt, ...)")
+        ambiguous = read(lists_dir, "female_names_ambig.txt", "male_names_ambig.txt", "last_names_ambig.txt",
+                         "female_names_popular.txt", "male_names_popular.txt", "last_names_popular.txt")  # fmt: skip
+        places = read(lists_dir, "locations_unambig.txt", "local_places_unambig.txt", "stripped_hospitals.txt")
+        common = read(dict_dir, "common_words.txt", "commonest_words.txt", "notes_common.txt", "sno_edited.txt")
+        commonest = {c.upper() for c in read(dict_dir, "commonest_words.txt", "notes_common.txt")}
+        low = {c.lower() for c in common}
+        up = lambda xs: frozenset(x.upper() for x in xs)  # noqa: E731
+        ambiguous = {a for a in up(ambiguous | {n for n in names if n.lower() in low}) if a not in commonest}
+        return NameLists(up(n for n in names if n.lower() not in low), frozenset(ambiguous),
+                         up(p for p in places if p.lower() not in low), frozenset(low), frozenset(commonest))  # fmt: skip
+
+
+def _dictionary_recognizer_class() -> Any:
+    import re
+
+    from presidio_analyzer import EntityRecognizer, RecognizerResult
+
+    word = re.compile(_WORD)
+
+    class _DictionaryRecognizer(EntityRecognizer):
+        """deid-style names and places from general lists (never from any corpus' own values).
+
+        A word in the unambiguous name lists and not a common English or clinical word is a
+        PERSON; an ambiguous one (also a word) only right after a title / relation word or next
+        to another name. Runs of up to four words in the place lists are a LOC.
+        """
+
+        def __init__(self, lists: NameLists, score: float = 0.6) -> None:
+            self.lists, self.score = lists, score
+            super().__init__(supported_entities=["PERSON", "LOC"], name="DictionaryRecognizer")
+
+        def load(self) -> None:
+            pass
+
+        def analyze(self, text: str, entities: list[str], nlp_artifacts: Any = None) -> list[Any]:
+            L = self.lists
+            toks = [(m.group(0), m.start(), m.end()) for m in word.finditer(text)]
+            ups = [t.upper().strip("'-") for t, _, _ in toks]
+            is_name = [u in L.names for u in ups]
+            out = []
+            if "PERSON" in entities:
+                for i, (_t, s, e) in enumerate(toks):
+                    hit = is_name[i]
+                    if not hit and ups[i] in L.ambiguous and len(ups[i]) > 1:
+                        prev = toks[i - 1][0].lower().rstrip(".:,'s") if i else ""
+                        near = (i > 0 and is_name[i - 1] and toks[i - 1][2] + 2 >= s) or (
+                            i + 1 < len(toks) and is_name[i + 1] and e + 2 >= toks[i + 1][1]
+                        )
+                        hit = prev in NAME_CONTEXT or near
+                    if hit:
+                        out.append(RecognizerResult("PERSON", s, e, self.score))
+            if "LOC" in entities:
+                for i in range(len(toks)):
+                    for n in (4, 3, 2, 1):
+                        if i + n <= len(toks) and " ".join(ups[i : i + n]) in L.places:
+                            out.append(RecognizerResult("LOC", toks[i][1], toks[i + n - 1][2], self.score))
+                            break
+            return out
+
+    return _DictionaryRecognizer
+
+
+def DictionaryRecognizer(lists: NameLists, score: float = 0.6) -> Any:
+    """A Presidio recognizer for names and places of general lists (built lazily)."""
+    return _dictionary_recognizer_class()(lists, score)

