@@ -251,6 +251,9 @@ class ExtractionConfig(_Model):
         "words that DictionaryRecognizer never takes for a name on their own.",
     )
     ner_training: NerTrainingConfig = Field(default_factory=NerTrainingConfig)
+    expand_initials: bool = Field(
+        False, description="Widen each PERSON over an initial right before or after it ('W. Marotta')."
+    )
     nlp_batch_size: int = Field(32, ge=1, description="Texts per spaCy nlp.pipe batch.")
     num_actors: int = Field(2, ge=1, description="Ray Data actor pool size (analyzer loaded once per actor).")
     actor_num_cpus: float = Field(

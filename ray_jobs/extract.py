@@ -259,7 +259,9 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
     from ctrlgen.demo import resolve_corpus
     from ray_jobs.runtime import init_ray
 
-    cfg = resolve_corpus(cfg)
+    from ray_jobs.submit import absolute_paths
+
+    cfg = absolute_paths(resolve_corpus(cfg))[0]  # actors may run in another working directory
     init_ray(cfg)
     t0 = time.perf_counter()
     driver_quarantine: list[Quarantined] = []

@@ -98,6 +98,7 @@ _PATH_FIELDS = (
     ("generation", "input"), ("generation", "context_input"), ("generation", "adapter"),
     ("generation", "finetune_data"), ("training", "input"), ("training", "storage_path"),
     ("evaluation", "input"), ("evaluation", "references"), ("evaluation", "finetune_data"), ("evaluation", "output"),
+    ("extraction", "ner_model"), ("extraction", "name_lists"), ("extraction", "common_words"),
 )  # fmt: skip
 
 

@@ -253,6 +253,30 @@ def results_to_entities(text: str, results: Sequence[Any], threshold: float, kin
     return out
 
 
+_INITIAL_BEFORE = re.compile(r"(?<![\w.])[A-Z]\.?\s{1,2}$")
+_INITIAL_AFTER = re.compile(r"^\s{1,2}[A-Z]\.(?!\w)")
+
+
+def expand_initials(text: str, entities: Sequence[Entity]) -> list[Entity]:
+    """PERSON entities widened over an initial right before ("W. Marotta") or after ("Levine, F.")
+    them, when the initial belongs to no other entity."""
+    out = list(entities)
+    taken = [(e.start, e.end) for e in out]
+    for i, e in enumerate(out):
+        if e.category != "PERSON":
+            continue
+        start, end = e.start, e.end
+        m = _INITIAL_BEFORE.search(text, max(0, start - 4), start)
+        if m and not any(s < start and m.start() < t for s, t in taken if (s, t) != (e.start, e.end)):
+            start = m.start()
+        m2 = _INITIAL_AFTER.match(text[end : end + 4])
+        if m2 and not any(end < t and s < end + m2.end() for s, t in taken if (s, t) != (e.start, e.end)):
+            end = end + m2.end()
+        if (start, end) != (e.start, e.end):
+            out[i] = Entity(start, end, text[start:end], e.category, e.kind, e.source, e.label)
+    return out
+
+
 class PresidioExtractor:
     """Finds private entities with a configured Presidio engine; load once, call per batch."""
 
@@ -313,7 +337,8 @@ class PresidioExtractor:
                 nlp_artifacts=nlp_artifacts,
                 score_threshold=self.cfg.score_threshold,
             )
-            out.append(results_to_entities(text, results, self.cfg.score_threshold, self._kinds))
+            ents = results_to_entities(text, results, self.cfg.score_threshold, self._kinds)
+            out.append(expand_initials(text, ents) if self.cfg.expand_initials else ents)
         return out
 
     def __call__(self, docs: Sequence[Document]) -> list[Document]:

@@ -69,7 +69,7 @@ PHONE = RecognizerSpec(
     "ClinicalPhoneRecognizer",
     "CODE",
     (
-        _P("phone 10 digits", r"\(?\b\d{3}\)?[-./ ]\d{3}[-./ ]\d{4}\b", 0.8),
+        _P("phone 10 digits", r"\(?\b\d{3}\)?[-./ ] ?\d{3}[-./ ] ?\d{4}\b", 0.8),
         _P("phone 7 digits", r"\b\d{3}-\d{4}\b", 0.5),
         _P("pager / beeper / extension", r"(?<=\b(?:pager|beeper|page|pgr|ext|x|#)[ .:#]{0,2})\d{4,6}\b", 0.75),
     ),
@@ -87,7 +87,14 @@ DATE = RecognizerSpec(
     "ClinicalDateRecognizer",
     "DATETIME",
     (
-        _P("m/d(/y)", r"\b(?:1[0-2]|0?[1-9])/(?:3[01]|[12]\d|0?[1-9])(?:/(?:\d{4}|\d{2}))?\b", 0.7),
+        _P(
+            "m/d(/y)",
+            # not ventilator / pressure settings ("PS 10/5", "PEEP 5/5") or fractions ("D5 1/2 NS")
+            r"(?<!\b(?:ps|psv|peep|cpap|bipap|ac|imv|simv|bp|vent|settings|d5|d5w|at rate of)\s{0,3})"
+            r"\b(?:1[0-2]|0?[1-9])/(?:3[01]|[12]\d|0?[1-9])(?:/(?:\d{4}|\d{2}))?\b"
+            r"(?!\s*(?:ns|strength|mg|ml|peep|ps|cmh2o|%))",
+            0.7,
+        ),
         _P("y-m-d", r"\b\d{4}-\d{1,2}-\d{1,2}\b", 0.85),
         _P("d month y", rf"\b\d{{1,2}}(?:st|nd|rd|th)? {_MONTHS}\.?,? \d{{4}}\b", 0.9),
         _P("month d, y", rf"\b{_MONTHS}\.? \d{{1,2}}(?:st|nd|rd|th)?(?:,? \d{{4}})?\b", 0.75),

@@ -155,3 +155,38 @@ def test_deid_tool_runs_on_a_few_notes(shared) -> None:
         for g in d.entities
     )
     assert gold == 0 or hit / gold > 0.5  # the tool finds most gold PHI
+
+
+def test_expand_initials_widens_person_over_a_neighbouring_initial_only() -> None:
+    from ctrlgen.extract.presidio import expand_initials
+
+    t = "AWARE. W. MAROTTA AWARE; LEVINE F. came; DR. SMITH; 10/4 A. B"
+    ents = [Entity(10, 17, "MAROTTA", "PERSON", "DIRECT", "x"), Entity(25, 31, "LEVINE", "PERSON", "DIRECT", "x"),
+            Entity(46, 51, "SMITH", "PERSON", "DIRECT", "x"), Entity(53, 57, "10/4", "DATETIME", "QUASI", "x")]  # fmt: skip
+    got = [e.text for e in expand_initials(t, ents)]
+    assert got == ["W. MAROTTA", "LEVINE F.", "SMITH", "10/4"]  # "DR. " is no initial; dates stay
+
+
+def test_the_clinical_engine_runs_on_other_corpora_layouts(small_ner, shared) -> None:
+    """MIMIC-style notes (every category, discharge summaries), ACI-Bench visit notes, the TAB case."""
+    from ctrlgen.config import AciCorpusConfig, TabCorpusConfig
+    from ctrlgen.demo import generate_batch
+    from ctrlgen.extract.presidio import PresidioExtractor
+
+    cfg = ExtractionConfig(setting="unknown", ner_model=str(small_ner), name_lists=str(TOOL / "lists"),
+                           common_words=str(TOOL / "dict"), expand_initials=True,
+                           recognizers=["SpacyRecognizer", "MimicPlaceholderRecognizer", "DictionaryRecognizer",
+                                        "ClinicalDateRecognizer", "ClinicalPhoneRecognizer"])  # fmt: skip
+    ext = PresidioExtractor(cfg, identifiers="direct+quasi")
+    mimic = generate_batch(0, 0, 24)
+    corpora = {
+        "mimic": [Document(str(i), t, {}, []) for i, t in zip(mimic["ROW_ID"], mimic["TEXT"], strict=True)],
+        "aci": load_corpus(AciCorpusConfig(path=str(shared / "aci-bench" / "valid.csv"), limit=4))[0],
+        "tab": load_corpus(TabCorpusConfig(path=str(shared / "tab"), annotator="annotator1", segments=None))[0],
+    }
+    for name, docs in corpora.items():
+        out = ext(docs)
+        assert len(out) == len(docs) and docs, name
+        assert all(d.text[e.start : e.end] == e.text and e.category in CATEGORIES for d in out for e in d.entities)
+    placeholders = [e for d in ext(corpora["mimic"]) for e in d.entities if e.source == "pattern"]
+    assert placeholders  # [** ... **] found by the placeholder recognizer beside the NER

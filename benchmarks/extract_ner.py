@@ -1,0 +1,121 @@
+"""Benchmark: the unknown-setting engine with the clinical NER, one core and through the Ray job,
+against PhysioNet's deid tool on the same notes. Writes its section of docs/benchmarks.md.
+
+1. One core, plain loop: notes/s of the clinical-NER engine (configs/extract_physionet_ner.yaml)
+   and of the general-NER engine over the 1,818 PhysioNet notes (models loaded first).
+2. The deid tool on the first N notes (Perl, one core): notes/s.
+3. The Ray Data extraction job with the clinical-NER engine over the PhysioNet notes repeated
+   R times (a generic JSONL corpus), 2 actors on this 2-core machine: notes/s per core =
+   notes / (actors x job seconds), cluster start-up excluded (a first small job warms it).
+
+    .venv/bin/ctrlgen train-ner -c configs/extract_physionet_ner.yaml   # the NER, once (cached)
+    .venv/bin/python benchmarks/extract_ner.py                           # about 5 minutes here
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _report import write_section  # noqa: E402
+
+from ctrlgen.config import ExtractionConfig, PhysionetCorpusConfig, load_config  # noqa: E402
+from ctrlgen.corpora import load_corpus  # noqa: E402
+from ctrlgen.extract.deid_tool import run_deid  # noqa: E402
+from ctrlgen.extract.presidio import PresidioExtractor  # noqa: E402
+
+CONFIG = ROOT / "configs" / "extract_physionet_ner.yaml"
+PHYSIONET = ROOT / ".." / "shared" / "data" / "physionet-deid"
+DEID = ROOT / ".." / "shared" / "tools" / "physionet-deid"
+TARGET = 100.0  # notes/s per core (issue 17)
+
+
+def _say(msg: str) -> None:
+    print(f"[extract_ner] {msg}", file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=6, help="Copies of the PhysioNet notes the Ray job extracts.")
+    ap.add_argument("--deid-notes", type=int, default=300, help="Notes the deid tool is timed on.")
+    args = ap.parse_args()
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
+    cfg = load_config(str(CONFIG), [f"corpus.path={PHYSIONET}"])
+    ex = cfg.extraction
+    if not ex.ner_model or not (ROOT / ex.ner_model / "ctrlgen_ner.json").is_file():
+        _say(f"no trained NER at {ex.ner_model}: run `ctrlgen train-ner -c {CONFIG.relative_to(ROOT)}` first")
+        return 2
+    docs = load_corpus(PhysionetCorpusConfig(path=str(PHYSIONET), identifiers="direct+quasi"))[0]
+
+    # 1. One core.
+    loop = {}
+    for name, ecfg in (("clinical NER", ex), ("general NER", ExtractionConfig(setting="unknown"))):
+        ext = PresidioExtractor(ecfg, cfg.nlp.spacy_model, "direct+quasi")
+        ext(docs[:32])  # warm
+        t0 = time.perf_counter()
+        ext(docs)
+        loop[name] = len(docs) / (time.perf_counter() - t0)
+        _say(f"one core, {name}: {loop[name]:.1f} notes/s")
+
+    # 2. The deid tool.
+    sub = docs[: args.deid_notes]
+    _, seconds = run_deid(sub, DEID)
+    deid_rate = len(sub) / seconds
+    _say(f"deid tool: {deid_rate:.1f} notes/s")
+
+    # 3. The Ray job.
+    import ray
+
+    from ray_jobs.extract import run as run_extract
+    from ray_jobs.runtime import init_ray
+
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "notes.jsonl"
+        with corpus.open("w", encoding="utf-8") as f:
+            for r in range(args.repeat):
+                for d in docs:
+                    f.write(json.dumps({"id": f"{d.doc_id}-r{r}", "text": d.text}) + "\n")
+        n = len(docs) * args.repeat
+        over = [f"corpus.path={corpus}", "corpus.format=generic", "corpus.text_column=text", "corpus.id_column=id",
+                "corpus.identifiers=direct+quasi", "extraction.num_actors=2", "ray.num_cpus=4"]  # fmt: skip
+        job_cfg = load_config(str(CONFIG), [*over, f"output_dir={tmp}/out"])
+        init_ray(job_cfg)
+        warm = load_config(str(CONFIG), [*over, f"output_dir={tmp}/warm", "corpus.limit=64"])
+        run_extract(warm)  # the cluster's first Ray Data run starts its coordinator actors
+        t0 = time.perf_counter()
+        summary = run_extract(job_cfg)
+        job_s = time.perf_counter() - t0
+        ray.shutdown()
+    if summary.documents + summary.quarantined != n:
+        raise SystemExit(f"the job wrote {summary.documents} + {summary.quarantined} rows for {n} notes")
+    per_core = n / (2 * job_s)
+    _say(f"Ray job: {n} notes in {job_s:.1f} s with 2 actors: {per_core:.1f} notes/s per core")
+
+    body = (
+        f"Command: `.venv/bin/python benchmarks/extract_ner.py` (started {started} UTC; 2 cores; the NER of "
+        f"`ctrlgen train-ner -c configs/extract_physionet_ner.yaml`).\n\n"
+        "| path | notes | notes/s per core | vs the deid tool | vs the target (100/s per core) |\n|---|---|---|---|---|\n"
+        f"| one core, clinical NER engine | {len(docs):,} | {loop['clinical NER']:.1f} | "
+        f"{loop['clinical NER'] / deid_rate:.1f}x | {loop['clinical NER'] / TARGET:.2f} |\n"
+        f"| one core, general NER engine | {len(docs):,} | {loop['general NER']:.1f} | "
+        f"{loop['general NER'] / deid_rate:.1f}x | {loop['general NER'] / TARGET:.2f} |\n"
+        f"| Ray Data job, clinical NER, 2 actors | {n:,} | **{per_core:.1f}** | {per_core / deid_rate:.1f}x | "
+        f"**{per_core / TARGET:.2f}** |\n"
+        f"| PhysioNet deid tool (Perl), one core | {len(sub):,} | {deid_rate:.1f} | 1.0x | {deid_rate / TARGET:.2f} |\n\n"
+        f"Ray job: {n:,} notes (the PhysioNet notes {args.repeat} times over, a generic JSONL corpus) in "
+        f"{job_s:.1f} s, reading, extraction and writing included, cluster start-up excluded; per core = notes / "
+        "(2 actors x job seconds). Loops: models loaded and warmed before the clock starts.\n"
+    )
+    write_section("Entity extraction: the clinical-NER engine vs the deid tool (issue 17)", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
