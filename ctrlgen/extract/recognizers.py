@@ -69,9 +69,20 @@ PHONE = RecognizerSpec(
     "ClinicalPhoneRecognizer",
     "CODE",
     (
-        _P("phone 10 digits", r"\(?\b\d{3}\)?[-./ ] ?\d{3}[-./ ] ?\d{4}\b", 0.8),
-        _P("phone 7 digits", r"\b\d{3}-\d{4}\b", 0.5),
-        _P("pager / beeper / extension", r"(?<=\b(?:pager|beeper|page|pgr|ext|x|#)[ .:#]{0,2})\d{4,6}\b", 0.75),
+        _P("phone 10 digits", r"\(?\b\d{3}\)?[-./ ] ?\d{3}[-./ ] ?\d{4,5}\b", 0.8),
+        _P("phone 3+7 / 6+4 digits", r"\(?\b(?:\d{3} \d{7}|\d{6}-\d{4})\b", 0.7),
+        _P(
+            "phone 7 digits",
+            # not a range of measurements ("TV 900-1000", "SVR 954-1183", "pass 800-1000 ccs")
+            r"(?<!\b(?:svr|tv|vt|stv|hr|rr|bp|volumes?|vols?|to|the|of|is|between|pass|passed|range|from|co|ci)\s{0,3})"
+            r"\b\d{3}-\d{4}\b(?!\s*(?:cc|ccs|ml|mls|mg|units?)\b)",
+            0.5,
+        ),
+        _P(
+            "pager / beeper / extension",
+            r"(?<=\b(?:pager|beeper|page|pgr|ext|x|#)(?: number| no\.?| #)?[ .:#]{0,2})\d{4,6}\b",
+            0.75,
+        ),
     ),
 )
 AGE = RecognizerSpec(
@@ -90,16 +101,24 @@ DATE = RecognizerSpec(
         _P(
             "m/d(/y)",
             # not ventilator / pressure settings ("PS 10/5", "PEEP 5/5") or fractions ("D5 1/2 NS")
-            r"(?<!\b(?:ps|psv|peep|cpap|bipap|ac|imv|simv|bp|vent|settings|d5|d5w|at rate of)\s{0,3})"
+            r"(?<!\b(?:ps|psv|peep|cpap|bipap|ac|imv|simv|bp|vent|settings|d5|d5w|at rate of|ps of|flowby|ventilation)"
+            r"\s{0,3})(?<![\d.%/'])(?<![\d.%/'] )"
             r"\b(?:1[0-2]|0?[1-9])/(?:3[01]|[12]\d|0?[1-9])(?:/(?:\d{4}|\d{2}))?\b"
-            r"(?!\s*(?:ns|strength|mg|ml|peep|ps|cmh2o|%))",
+            r"(?!\s*(?:ns|strength|mg|ml|peep|ps|cmh2o|%|amps?|tabs?|units?)\b)(?![/.]\d)",
             0.7,
         ),
         _P("y-m-d", r"\b\d{4}-\d{1,2}-\d{1,2}\b", 0.85),
         _P("d month y", rf"\b\d{{1,2}}(?:st|nd|rd|th)? {_MONTHS}\.?,? \d{{4}}\b", 0.9),
         _P("month d, y", rf"\b{_MONTHS}\.? \d{{1,2}}(?:st|nd|rd|th)?(?:,? \d{{4}})?\b", 0.75),
         _P("month y", rf"\b{_MONTHS}\.? (?:19|20)\d{{2}}\b", 0.75),
-        _P("year", r"\b(?:19[4-9]\d|20[0-3]\d)\b", 0.45),
+        _P(
+            "year",
+            # not a 24-hour time ("at 2000", "around 1930", "LABS=2000-BUN") nor an amount
+            r"(?<!\b(?:at|around|about|by|until|till|before|after|from|to|labs?)\s{0,2})(?<![=@:])"
+            r"\b(?:19\d\d|20\d\d)\b(?![-:])(?!\s*(?:hrs?|h|pm|am|cc|ccs|ml|mls|mg|kcal|cal|calories|units?)\b)",
+            0.55,
+        ),
+        _P("yy' / 'yy", r"(?<=\D')\d{2}\b(?!')|\b\d{2}(?='(?![s\w]))", 0.55),
         _P("'yy", r"(?<=\bin )'?\d{2}\b(?=[.,;])", 0.4),
     ),
 )
@@ -194,6 +213,7 @@ NAME_CONTEXT = frozenset(
     brother sister aunt uncle niece nephew cousin grandson granddaughter grandmother grandfather friend girlfriend
     boyfriend fiance fiancee spouse hcp proxy named""".split()
 )
+_TITLES = frozenset("dr doctor drs mr mrs ms miss mister".split())
 _WORD = r"(?<![\w])[A-Za-z][A-Za-z'\-]*(?![\w])"  # a word standing alone ("sao2" is no word)
 
 
@@ -205,7 +225,8 @@ class NameLists:
     ambiguous: frozenset[str]  # names that are also words: found only in name context
     places: frozenset[str]  # places and hospitals, upper case, up to 4 words
     common: frozenset[str]  # lower-case English and clinical words (never a name on their own)
-    commonest: frozenset[str] = frozenset()  # the most frequent words: never a name, even in name context
+    commonest: frozenset[str] = frozenset()  # the most frequent words: a name only right after a relation word
+    first: frozenset[str] = frozenset()  # first names (unambiguous or not): the next unknown word is a surname
 
     @staticmethod
     def from_dirs(lists_dir: str, dict_dir: str | None = None) -> NameLists:
@@ -231,9 +252,12 @@ class NameLists:
         commonest = {c.upper() for c in read(dict_dir, "commonest_words.txt", "notes_common.txt")}
         low = {c.lower() for c in common}
         up = lambda xs: frozenset(x.upper() for x in xs)  # noqa: E731
-        ambiguous = {a for a in up(ambiguous | {n for n in names if n.lower() in low}) if a not in commonest}
-        return NameLists(up(n for n in names if n.lower() not in low), frozenset(ambiguous),
-                         up(p for p in places if p.lower() not in low), frozenset(low), frozenset(commonest))  # fmt: skip
+        first = read(lists_dir, "female_names_unambig.txt", "male_names_unambig.txt", "female_names_ambig.txt",
+                     "male_names_ambig.txt", "female_names_popular.txt", "male_names_popular.txt")  # fmt: skip
+        ambiguous = up(ambiguous | {n for n in names if n.lower() in low})
+        return NameLists(up(n for n in names if n.lower() not in low), ambiguous,
+                         up(p for p in places if p.lower() not in low), frozenset(low), frozenset(commonest),
+                         up(first))  # fmt: skip
 
 
 def _dictionary_recognizer_class() -> Any:
@@ -265,14 +289,35 @@ def _dictionary_recognizer_class() -> Any:
             is_name = [u in L.names for u in ups]
             out = []
             if "PERSON" in entities:
-                for i, (_t, s, e) in enumerate(toks):
+                for i, (t, s, e) in enumerate(toks):
                     hit = is_name[i]
-                    if not hit and ups[i] in L.ambiguous and len(ups[i]) > 1:
-                        prev = toks[i - 1][0].lower().rstrip(".:,'s") if i else ""
-                        near = (i > 0 and is_name[i - 1] and toks[i - 1][2] + 2 >= s) or (
+                    u = ups[i]
+                    prev = toks[i - 1][0].lower().rstrip(".:,") if i else ""
+                    prev = prev[:-2] if prev.endswith("'s") else prev
+                    adjacent = i > 0 and toks[i - 1][2] + 2 >= s
+                    if not hit and u in L.ambiguous and len(u) > 1:
+                        near = (adjacent and is_name[i - 1]) or (
                             i + 1 < len(toks) and is_name[i + 1] and e + 2 >= toks[i + 1][1]
                         )
-                        hit = prev in NAME_CONTEXT or near
+                        titled = prev in _TITLES and not toks[i - 1][0].endswith(":")  # "ms:" is mental status
+                        related = prev in NAME_CONTEXT and not titled and u in L.first  # "son bill", not "wedding"
+                        hit = (titled and u not in L.commonest) or related or (near and u not in L.commonest)
+                    bare = t.strip("'-")
+                    if (
+                        not hit
+                        and i > 0
+                        and len(bare) > 1
+                        and bare[:1].isupper()
+                        and bare.isalpha()
+                        and (t.lower() not in L.common)
+                    ):
+                        # an unknown capitalised bare after a first name or an initial ("Leona Labowich", "Q. Lander")
+                        p = toks[i - 1][0]
+                        initial = len(p) == 1 and p.isupper() and text[toks[i - 1][2] : s] in (". ", ".  ")
+                        first = ups[i - 1] in L.first and p.lower() not in L.common
+                        hit = (first and adjacent) or initial
+                        if hit and initial:
+                            out.append(RecognizerResult("PERSON", toks[i - 1][1], toks[i - 1][2] + 1, self.score))
                     if hit:
                         out.append(RecognizerResult("PERSON", s, e, self.score))
             if "LOC" in entities:
