@@ -258,7 +258,6 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
 
     from ctrlgen.demo import resolve_corpus
     from ray_jobs.runtime import init_ray
-
     from ray_jobs.submit import absolute_paths
 
     cfg = absolute_paths(resolve_corpus(cfg))[0]  # actors may run in another working directory

@@ -70,7 +70,8 @@ def spacy_examples(nlp: Any, docs: Sequence[Document]) -> list[Any]:
     out = []
     for d in docs:
         ref = nlp.make_doc(d.text)
-        spans, taken = [], []
+        spans: list[Any] = []
+        taken: list[tuple[int, int]] = []
         for e in sorted(d.entities, key=lambda e: (-(e.end - e.start), e.start)):
             if e.category not in LABELS:
                 continue

@@ -254,8 +254,7 @@ class NameLists:
         up = lambda xs: frozenset(x.upper() for x in xs)  # noqa: E731
         first = read(lists_dir, "female_names_unambig.txt", "male_names_unambig.txt", "female_names_ambig.txt",
                      "male_names_ambig.txt", "female_names_popular.txt", "male_names_popular.txt")  # fmt: skip
-        ambiguous = up(ambiguous | {n for n in names if n.lower() in low})
-        return NameLists(up(n for n in names if n.lower() not in low), ambiguous,
+        return NameLists(up(n for n in names if n.lower() not in low), up(ambiguous | {n for n in names if n.lower() in low}),
                          up(p for p in places if p.lower() not in low), frozenset(low), frozenset(commonest),
                          up(first))  # fmt: skip
 

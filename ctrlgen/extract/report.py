@@ -79,7 +79,7 @@ def extraction_report(
     for name, gold in corpora.items():
         scores: dict[str, dict[str, Scores]] = {}
         preds: dict[str, list[Document]] = {}
-        timing = []
+        timing: list[str] = []
         extra = ""
 
         def record(engine: str, pred: list[Document], seconds: float, gold: list[Document] = gold,
