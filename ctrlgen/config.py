@@ -27,6 +27,7 @@ __all__ = [
     "CorpusCommon",
     "CorpusConfig",
     "CtrlgenConfig",
+    "DPConfig",
     "DemoCorpusConfig",
     "ExperimentConfig",
     "ExperimentMethod",
@@ -360,6 +361,31 @@ class LossWeightsConfig(_Model):
     kl: float = Field(1.0, ge=0.0)
 
 
+class DPConfig(_Model):
+    """DP-SGD of the ``dp`` variant (METHOD.md section 8.1; ctrlgen.training.dp)."""
+
+    target_epsilon: float | None = Field(
+        8.0, gt=0.0, description="Privacy target: sigma is set so the run spends at most this epsilon."
+    )
+    delta: float = Field(1e-5, gt=0.0, lt=1.0, description="delta of the (epsilon, delta) guarantee.")
+    noise_multiplier: float | None = Field(
+        None,
+        ge=0.0,
+        description="sigma, set by hand instead of from target_epsilon (0: clipping without noise, epsilon "
+        "infinite - the non-private reference of the same optimiser).",
+    )
+    max_grad_norm: float = Field(1.0, gt=0.0, description="C: every example's gradient is clipped to this L2 norm.")
+    logical_batch: int = Field(
+        64, ge=1, description="Expected examples per step over all workers (q = logical_batch / examples)."
+    )
+    accountant: Literal["rdp", "prv"] = Field("rdp", description="Opacus accountant that sets sigma and reports epsilon.")
+    audit_noise: bool = Field(
+        True,
+        description="Every step, measure the noise actually added to the logical batch (one extra all-reduce "
+        "of the prefix-sized clipped sums) and record it beside sigma * C.",
+    )
+
+
 class TrainingConfig(_Model):
     """Prefix tuning with the privacy-masked loss (METHOD.md section 5) on Ray Train + DeepSpeed."""
 
@@ -368,11 +394,13 @@ class TrainingConfig(_Model):
         description="Extraction output (status=ok Parquet directory or its parent). Default: run the "
         "extraction job first into <output_dir>/extracted.",
     )
-    variant: Literal["masked", "plain"] = Field(
+    variant: Literal["masked", "plain", "dp"] = Field(
         "masked",
         description="masked: L_LM + L_contrastive + L_KL with `weights`; plain: prefix tuning with L_LM only "
-        "(the comparison variant; no base-model forward).",
+        "(the comparison variant; no base-model forward); dp: L_LM under DP-SGD (`dp`; Opacus, Poisson "
+        "sampling, plain torch DDP instead of DeepSpeed, `batch_size` is the physical micro-batch).",
     )
+    dp: DPConfig = Field(default_factory=DPConfig)
     weights: LossWeightsConfig = Field(default_factory=LossWeightsConfig)
     reduction: Literal["mean", "sum"] = Field(
         "mean", description="mean: every term divided by the batch's output tokens; sum: the formula as written."

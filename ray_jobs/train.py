@@ -39,7 +39,15 @@ from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import ConfigError, CtrlgenError
 
-__all__ = ["TokenizeActor", "TrainSummary", "deepspeed_config", "main", "run", "train_loop_per_worker"]
+__all__ = [
+    "TokenizeActor",
+    "TrainSummary",
+    "deepspeed_config",
+    "dp_train_loop_per_worker",
+    "main",
+    "run",
+    "train_loop_per_worker",
+]
 
 _COLUMNS = ["doc_id", "text", "entities", "control_code"]
 _TRAIN_COLUMNS = ("input_ids", "labels", "private")
@@ -228,6 +236,198 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         storage.write_text(config["ingest_path"], json.dumps(per_rank) + "\n")
 
 
+_DP_STATE = "dp_state.pt"
+
+
+def _save_dp(params: list[Any], optimizer: Any, state: dict[str, Any], history: list[dict[str, Any]],
+             model: Any, rank: int) -> Any:  # fmt: skip
+    """Rank 0 writes the prefix, AdamW state, accountant state and history (every rank holds the same)."""
+    import torch
+    from ray.train import Checkpoint
+
+    if rank != 0:
+        return None
+    d = tempfile.mkdtemp(prefix="ctrlgen-ckpt-")
+    torch.save({"params": [p.detach().cpu() for p in params], "optimizer": optimizer.state_dict()},
+               os.path.join(d, _DP_STATE))  # fmt: skip
+    with torch.no_grad():  # PEFT runs the prefix encoder to save it: no activation for Opacus's hooks
+        model.save_pretrained(os.path.join(d, "adapter"))
+    Path(d, _STATE).write_text(json.dumps(state), encoding="utf-8")
+    _write_jsonl(Path(d, _HISTORY), history)
+    return Checkpoint.from_directory(d)
+
+
+def dp_train_loop_per_worker(config: dict[str, Any]) -> None:
+    """What each Ray Train worker runs in the ``dp`` variant (ctrlgen.training.dp): DP-SGD with Opacus.
+
+    Worker ``w`` holds its contiguous share of the examples in memory and draws, every step, a
+    Poisson sample of it at the run's rate ``q``; the draw is split into micro-batches of
+    ``training.batch_size`` whose clipped per-example gradients accumulate; the last one adds
+    the noise (rank 0 only) and all-reduces. Torch DDP's process group from Ray Train, no DeepSpeed.
+    """
+    import warnings
+    import zlib
+
+    import ray.train
+    import ray.train.torch
+    import torch
+    import torch.distributed as dist
+
+    from ctrlgen.models import load_causal_lm
+    from ctrlgen.training.data import IngestCount, collate, rank_batches
+    from ctrlgen.training.dp import (
+        DPPlan,
+        clip_factor_norms,
+        empty_grad_samples,
+        epsilon_spent,
+        make_private,
+        observed_noise_std,
+        per_example_lm_loss,
+        poisson_sample,
+        worker_share,
+    )
+    from ctrlgen.training.prefix import init_prefix_from_text, prefix_model
+    from ray_jobs.metrics import record_train
+
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")  # frozen inputs: expected
+    cfg = CtrlgenConfig.model_validate_json(config["cfg_json"])
+    t = cfg.training
+    plan_json = dict(config["dp_plan"])
+    plan = DPPlan(**{k: v for k, v in plan_json.items() if k in DPPlan.__dataclass_fields__}
+                  | {"per_worker_examples": tuple(plan_json["per_worker_examples"])})  # fmt: skip
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    if t.torch_threads:
+        torch.set_num_threads(t.torch_threads)
+    torch.manual_seed(t.seed)
+
+    def say(line: str) -> None:
+        if rank == 0:
+            sys.stderr.write(f"[train] {line}\n")
+            sys.stderr.flush()
+
+    device = ray.train.torch.get_device()
+    base, tok = load_causal_lm(cfg.model, device=device)
+    model = prefix_model(base, t.num_virtual_tokens)
+    if t.prefix_init == "text":
+        init_prefix_from_text(model, tok)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay)
+    noise_gen = torch.Generator(device=device)
+    gsm, dp_opt = make_private(model, optimizer, plan, distributed=world > 1, generator=noise_gen)
+    clipped_sums: list[torch.Tensor] = []
+    if t.dp.audit_noise:  # keep this worker's clipped sums before the noise goes on (see observed_noise_std)
+        add_noise = dp_opt.add_noise
+
+        def add_noise_audited() -> None:
+            clipped_sums[:] = [p.summed_grad.detach().clone() for p in dp_opt.params]
+            add_noise()
+
+        dp_opt.add_noise = add_noise_audited
+
+    step, history = 0, []
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            saved = torch.load(os.path.join(d, _DP_STATE), map_location=device)
+            with torch.no_grad():
+                for p, v in zip(params, saved["params"], strict=True):
+                    p.copy_(v)
+            optimizer.load_state_dict(saved["optimizer"])
+            saved_state = json.loads(Path(d, _STATE).read_text())
+            step = int(saved_state["step"])
+            history = _read_jsonl(Path(d, _HISTORY))
+        if saved_state.get("plan") != plan_json:
+            raise CtrlgenError(
+                f"run {t.run_name} was started with another DP-SGD plan (examples, workers, sampling rate, sigma or "
+                "steps): resuming it would break its accounting; set training.resume=false or another run_name"
+            )
+        say(f"resumed from the checkpoint at step {step}")
+    lo, hi = worker_share(plan.examples, world, rank)
+    ingest = IngestCount()
+    layout = [(f, list(groups)) for f, groups in config["layout"]]
+    rows = next(rank_batches(layout, lo, hi, hi - lo, _TRAIN_COLUMNS, ingest))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    say(
+        f"DP-SGD: {plan.steps} steps, q {plan.sample_rate:.4g} (expected {plan.logical_batch:g} examples per step, "
+        f"{', '.join(f'{b:.1f}' for b in plan.per_worker_batch)} per worker), sigma {plan.noise_multiplier:.4g}, "
+        f"C {plan.max_grad_norm:g}, micro-batches of {t.batch_size}"
+    )
+    start = step
+    while step < plan.steps:
+        t0 = time.perf_counter()
+        drawn = poisson_sample(hi - lo, plan.sample_rate, t.seed, step, rank)
+        noise_gen.manual_seed(zlib.crc32(f"dp-noise\x1f{t.seed}\x1f{step}".encode()))  # used on rank 0 only
+        chunks = [drawn[i : i + t.batch_size] for i in range(0, len(drawn), t.batch_size)] or [[]]
+        loss_sum = tokens = n_in = clipped = 0.0
+        for j, chunk in enumerate(chunks):
+            if chunk:
+                batch = {k: v.to(device, non_blocking=True) for k, v in collate(
+                    [rows["input_ids"][i] for i in chunk], [rows["labels"][i] for i in chunk],
+                    [rows["private"][i] for i in chunk], pad).items()}  # fmt: skip
+                logits = gsm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                per_example = per_example_lm_loss(logits, batch["labels"])
+                per_example.mean().backward()
+                loss_sum += float(per_example.detach().sum())
+                tokens += float((batch["labels"][:, 1:] != -100).sum())
+                n_in += float(batch["attention_mask"].sum())
+                clipped += float((clip_factor_norms(dp_opt) > plan.max_grad_norm).sum())
+            else:
+                empty_grad_samples(dp_opt)
+            last = j == len(chunks) - 1
+            dp_opt.signal_skip_step(do_skip=not last)
+            dp_opt.step()  # clip + accumulate; on the last micro-batch also noise, all-reduce, AdamW
+            if not last:
+                dp_opt.zero_grad()
+        sums = torch.tensor([len(drawn), loss_sum, tokens, n_in, clipped], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        noise_std = None
+        if t.dp.audit_noise:
+            flat = torch.cat([s.flatten() for s in clipped_sums]).to(torch.float64)
+            dist.all_reduce(flat)  # the clipped sum of the whole logical batch
+            parts, k = [], 0
+            for s in clipped_sums:
+                parts.append(flat[k : k + s.numel()])
+                k += s.numel()
+            noise_std = observed_noise_std([p.grad for p in dp_opt.params], parts, plan.logical_batch)
+        dp_opt.zero_grad()
+        sums = sums.cpu()
+        seconds = time.perf_counter() - t0
+        step += 1
+        drawn_total = int(sums[0])
+        loss = float(sums[1]) / max(drawn_total, 1)
+        rec = {
+            "step": step, "epoch": step * plan.sample_rate, "loss": loss, "lm": loss, "contrastive": 0.0, "kl": 0.0,
+            "examples": drawn_total, "clipped_share": float(sums[4]) / max(drawn_total, 1),
+            "output_tokens": int(sums[2]), "private_tokens": 0, "input_tokens": int(sums[3]),
+            "noise_std": noise_std, "expected_noise_std": plan.noise_std,
+            "step_seconds": seconds, "tokens_per_s": float(sums[3]) / seconds,
+        }  # fmt: skip
+        history.append(rec)
+        if rank == 0:
+            record_train(t.run_name, step, rec["loss"], rec["tokens_per_s"])
+        if step % t.log_every == 0 or step == plan.steps:
+            eps = epsilon_spent(plan.noise_multiplier, plan.sample_rate, step, plan.delta, plan.accountant)
+            audit = f", noise std {noise_std:.4g} (sigma C {plan.noise_std:.4g})" if noise_std is not None else ""
+            say(
+                f"step {step}/{plan.steps}: loss {loss:.4f}, {drawn_total} examples, "
+                f"{rec['clipped_share']:.0%} clipped{audit}, epsilon {eps:.3g}, "
+                f"{rec['tokens_per_s']:.0f} tokens/s, {seconds:.2f} s/step"
+            )
+        if step % t.checkpoint_every == 0 or step == plan.steps:
+            eps = epsilon_spent(plan.noise_multiplier, plan.sample_rate, step, plan.delta, plan.accountant)
+            state = {"step": step, "epoch": rec["epoch"], "resumed_from": start, "epsilon": eps, "plan": plan_json}
+            ray.train.report({k: rec[k] for k in ("step", "loss", "lm", "contrastive", "kl")},
+                             checkpoint=_save_dp(params, optimizer, state, history, model, rank))  # fmt: skip
+    read = torch.tensor([rank, ingest.rows, ingest.bytes], dtype=torch.float64, device=device)
+    everyone = [torch.zeros_like(read) for _ in range(world)]
+    dist.all_gather(everyone, read)
+    per_rank = [{"rank": int(x[0]), "rows": int(x[1]), "bytes": int(x[2])} for x in (e.cpu() for e in everyone)]
+    if rank == 0:
+        storage.write_text(config["ingest_path"], json.dumps(per_rank) + "\n")
+
+
 @dataclass
 class TrainSummary:
     documents: int
@@ -241,6 +441,7 @@ class TrainSummary:
     mean_step_seconds: float = 0.0
     mean_tokens_per_s: float = 0.0
     ingest: list[dict[str, int]] = field(default_factory=list)  # per rank: rows and bytes of examples read
+    privacy: dict[str, Any] = field(default_factory=dict)  # dp variant: the plan and the epsilon spent
 
     def text(self) -> str:
         f = self.final
@@ -258,6 +459,14 @@ class TrainSummary:
                 + ", ".join(f"rank {r['rank']} {r['rows']:,} rows / {r['bytes']:,} B" for r in self.ingest)
                 + "\n"
                 if self.ingest
+                else ""
+            )
+            + (
+                f"DP-SGD: epsilon {self.privacy['epsilon']:.3g} spent at delta {self.privacy['delta']:g} "
+                f"(target {self.privacy['target_epsilon']}), sigma {self.privacy['noise_multiplier']:.4g}, "
+                f"C {self.privacy['max_grad_norm']:g}, q {self.privacy['sample_rate']:.4g}, "
+                f"{self.privacy['steps_taken']} steps\n"
+                if self.privacy
                 else ""
             )
             + f"adapter written to {self.adapter} in {self.seconds:.1f} s"
@@ -347,6 +556,26 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
     return n_docs, ok, bad
 
 
+def _dp_plan(cfg: CtrlgenConfig, examples: int) -> Any:
+    from ctrlgen.training.dp import dp_plan
+
+    t, d = cfg.training, cfg.training.dp
+    try:
+        return dp_plan(examples, t.num_workers, d.logical_batch, t.epochs, t.max_steps, d.max_grad_norm, d.delta,
+                       d.target_epsilon, d.noise_multiplier, d.accountant)  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _privacy(plan: Any, steps: int) -> dict[str, Any]:
+    """The guarantee of a finished DP run: its plan and the epsilon of the steps it took."""
+    from ctrlgen.training.dp import epsilon_spent
+
+    eps = epsilon_spent(plan.noise_multiplier, plan.sample_rate, steps, plan.delta, plan.accountant)
+    return {**plan.to_json(), "steps_taken": steps, "epsilon": eps, "mechanism": "DP-SGD (Opacus), Poisson sampling",
+            "unit": "example (one document)"}  # fmt: skip
+
+
 def run(cfg: CtrlgenConfig) -> TrainSummary:
     """Extraction output -> tokenised pairs (Parquet) -> TorchTrainer + DeepSpeed -> adapter."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -358,7 +587,8 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
 
     t = cfg.training
     t0 = time.perf_counter()
-    ds_config = deepspeed_config(_resolve(t.deepspeed), t.batch_size, t.num_workers)
+    dp = t.variant == "dp"
+    ds_config = None if dp else deepspeed_config(_resolve(t.deepspeed), t.batch_size, t.num_workers)
     out = storage.absolute(cfg.output_dir)
     store = storage.absolute(t.storage_path) if t.storage_path else storage.join(out, "ray_train")
     if not t.resume:
@@ -383,12 +613,16 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
         storage.write_text(storage.join(data_dir, _COUNTS), json.dumps(counts) + "\n")
         storage.write_text(storage.join(data_dir, _MANIFEST), json.dumps(manifest, indent=2) + "\n")
     init_ray(cfg)
+    plan = _dp_plan(cfg, ok) if dp else None
     steps_per_epoch = ok // t.batch_size // t.num_workers  # full rounds of one batch per worker
-    if steps_per_epoch == 0:
+    if plan is not None:
+        total = plan.steps
+    elif steps_per_epoch == 0:
         raise CtrlgenError(
             f"{ok} training examples cannot fill one step of {t.num_workers} workers x {t.batch_size} documents"
         )
-    total = min(t.epochs * steps_per_epoch, t.max_steps or t.epochs * steps_per_epoch)
+    else:
+        total = min(t.epochs * steps_per_epoch, t.max_steps or t.epochs * steps_per_epoch)
     print(
         f"train: {n_docs:,} documents -> {ok:,} examples ({bad:,} quarantined); {total} steps on "
         f"{t.num_workers} worker(s), variant {t.variant}",
@@ -400,10 +634,11 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
     # each rank reads its own contiguous share straight from storage (see the loop).
     layout = example_layout(storage.list_files(storage.join(data_dir, "status=ok"), ".parquet"))
     trainer = TorchTrainer(
-        train_loop_per_worker,
+        dp_train_loop_per_worker if dp else train_loop_per_worker,
         train_loop_config={
             "cfg_json": cfg.model_dump_json(),
             "deepspeed": ds_config,
+            "dp_plan": plan.to_json() if plan is not None else None,
             "steps_per_epoch": steps_per_epoch,
             "total_steps": total,
             "layout": layout,
@@ -446,6 +681,10 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
         final=this_run[-1] if this_run else {},
         ingest=ingest,
     )
+    if plan is not None:
+        summary.privacy = _privacy(plan, steps)
+        for where in (adapter, logs):  # beside the adapter: generation from it is post-processing
+            storage.write_text(storage.join(where, "privacy.json"), json.dumps(summary.privacy, indent=2) + "\n")
     timed = this_run[1:] or this_run  # the first step includes one-off warm-up
     if timed:
         summary.mean_step_seconds = sum(h["step_seconds"] for h in timed) / len(timed)

@@ -96,8 +96,8 @@ def base_output_logits(model: Any, inputs: dict[str, torch.Tensor], labels: torc
 
 
 def loss_weights(cfg: TrainingConfig) -> LossWeights:
-    """``plain`` -> (1, 0, 0); ``masked`` -> the configured (l_LM, l_c, l_KL)."""
-    if cfg.variant == "plain":
+    """``plain`` and ``dp`` -> (1, 0, 0); ``masked`` -> the configured (l_LM, l_c, l_KL)."""
+    if cfg.variant in ("plain", "dp"):
         return LossWeights(1.0, 0.0, 0.0)
     w = cfg.weights
     return LossWeights(w.lm, w.contrastive, w.kl)

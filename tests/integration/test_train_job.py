@@ -144,3 +144,84 @@ def test_more_tokeniser_actors_make_the_same_examples_in_the_same_order(ray_clus
         files = storage.list_files(storage.join(out, "status=ok"), ".parquet")
         orders.append([(r["doc_id"], r["input_ids"]) for r in storage.dataset(files).to_table().to_pylist()])
     assert orders[0] == orders[1]
+
+
+def _history(out):
+    return [json.loads(x) for x in (out / "training" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_dp_sgd_adds_one_noise_draw_per_logical_batch_on_one_or_two_workers(ray_cluster, tmp_path, shared, capsys):
+    """training.variant=dp: the same logical batch on 1 and 2 workers has the same sigma and sample rate, and
+    the noise measured in every update is sigma * C (one draw for the logical batch, not one per worker:
+    that would be sigma * C * sqrt(2)). The epsilon recorded beside the adapter is the accountant's."""
+    from ctrlgen.cli import main
+    from ctrlgen.training.dp import epsilon_spent
+
+    common = [f"corpus.path={shared / 'physionet-deid'}", "training.variant=dp", "training.dp.logical_batch=8",
+              "training.dp.max_grad_norm=0.0001", "training.max_steps=3", "training.epochs=1"]  # fmt: skip
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["train", "-c", CONFIG, *common, f"output_dir={two}"]) == 0
+    assert "DP-SGD: epsilon" in capsys.readouterr().out
+    assert main(["train", "-c", CONFIG, *common, f"output_dir={one}", f"training.input={two / 'extracted'}",
+                 "training.num_workers=1", "training.cpus_per_worker=1"]) == 0  # fmt: skip
+    p1, p2 = (json.loads((o / "adapter" / "privacy.json").read_text()) for o in (one, two))
+    for key in ("sample_rate", "noise_multiplier", "steps", "logical_batch", "examples"):
+        assert p1[key] == p2[key]
+    assert p2["per_worker_batch"] == [4.0, 4.0] and p1["per_worker_batch"] == [8.0] and p2["sample_rate"] == 0.25
+    assert p2["epsilon"] == epsilon_spent(p2["noise_multiplier"], 0.25, 3, 1e-5) and 0 < p2["epsilon"] < 8.0
+    assert json.loads((two / "training" / "privacy.json").read_text()) == p2
+    sigma_c = p2["noise_multiplier"] * 0.0001
+    for out in (one, two):
+        history = _history(out)
+        assert [h["step"] for h in history] == [1, 2, 3]
+        for h in history:  # 1,280 prefix coordinates per draw: the estimate is within a few percent
+            assert h["noise_std"] == pytest.approx(sigma_c, rel=0.12), (out.name, h)
+            assert h["clipped_share"] == 1.0  # C = 1e-4 is below every example's gradient norm
+    # The two workers drew one Poisson sample of the same examples: the batch sizes differ from 1 worker's
+    # draw (other seeds per rank) but both are binomial around 8.
+    assert all(0 < h["examples"] <= 20 for h in _history(two) + _history(one))
+
+
+def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluster, tmp_path, shared):
+    """SmolLM2 (the tiny random model cannot memorise a secret), 16 notes that all start with one canary:
+    the same optimiser without noise (sigma 0, epsilon infinite) memorises it; at epsilon 8 it does not."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ctrlgen.cli import main
+    from ctrlgen.config import load_config
+    from ctrlgen.metrics.canary import exposure, insert_canaries, make_canaries
+    from ctrlgen.metrics.utility import sequence_nll
+    from ctrlgen.models import load_causal_lm
+    from ctrlgen.training.prefix import load_prefix_model
+
+    base = [f"corpus.path={shared / 'physionet-deid'}", "model.name=smollm2-135m"]
+    extracted = tmp_path / "extracted"
+    assert main(["extract", "-c", CONFIG, *base, f"output_dir={tmp_path}"]) == 0
+    table = pa.concat_tables([pq.read_table(f) for f in sorted((extracted / "status=ok").glob("*.parquet"))])
+    canary = make_canaries(1, seed=0, repeats=(16,))[0]
+    planted = insert_canaries(table.to_pylist()[:16], [canary], seed=0)
+    (tmp_path / "canaried" / "status=ok").mkdir(parents=True)
+    pq.write_table(
+        pa.Table.from_pylist(planted, schema=table.schema), tmp_path / "canaried" / "status=ok" / "a.parquet"
+    )
+    train = [*base, f"training.input={tmp_path / 'canaried'}", "training.variant=dp", "training.num_documents=null",
+             "training.dp.logical_batch=8", "training.epochs=15", "training.learning_rate=0.05",
+             "training.max_doc_tokens=16", "training.num_workers=1", "training.cpus_per_worker=1",
+             "training.torch_threads=2", "training.checkpoint_every=1000", "training.log_every=10"]  # fmt: skip
+    cfg = load_config(CONFIG, base)
+    scores = {}
+    for name, extra in (("inf", ["training.dp.noise_multiplier=0"]), ("eps8", ["training.dp.target_epsilon=8"])):
+        out = tmp_path / name
+        assert main(["train", "-c", CONFIG, *train, *extra, f"output_dir={out}"]) == 0
+        lm, tok = load_causal_lm(cfg.model)
+        tuned = load_prefix_model(lm, str(out / "adapter"))
+
+        def nll(texts, m=tuned, t=tok):
+            return [n for n, _ in sequence_nll(m, t, texts, max_tokens=32)]
+
+        scores[name] = exposure(canary, nll, n_candidates=199)[0]
+        scores[name + "_loss"] = _history(out)[-1]["loss"]
+    assert json.loads((tmp_path / "inf" / "adapter" / "privacy.json").read_text())["epsilon"] == float("inf")
+    assert scores["inf_loss"] < 0.5 < scores["eps8_loss"]  # memorised vs not
+    assert scores["inf"] > scores["eps8"] + 1.0, scores
