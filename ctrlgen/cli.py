@@ -457,7 +457,7 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
     ),
     "train": (
         cmd_train,
-        "Ray Train job: prefix tuning (training.variant masked | plain) with DeepSpeed on "
+        "Ray Train job: prefix tuning (training.variant masked | plain with DeepSpeed, dp with Opacus) on "
         "training.num_workers workers; checkpoints, resumes, writes <output_dir>/adapter (PEFT format).",
     ),
     "evaluate": (
