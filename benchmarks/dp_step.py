@@ -120,7 +120,9 @@ def main() -> None:
     table, ratio = measure(6, 8, 4, 256)
     print(table, flush=True)
     verdict = "met" if ratio <= 2.0 else "NOT met"
-    write_section(TITLE, f"Command: `{COMMAND}` (SmolLM2-135M, CPU).\n\n{table}\n\nTarget <= 2x: {verdict} ({ratio:.2f}x).")
+    write_section(
+        TITLE, f"Command: `{COMMAND}` (SmolLM2-135M, CPU).\n\n{table}\n\nTarget <= 2x: {verdict} ({ratio:.2f}x)."
+    )
     print("written to docs/benchmarks.md")
 
 
