@@ -378,7 +378,9 @@ class DPConfig(_Model):
     logical_batch: int = Field(
         64, ge=1, description="Expected examples per step over all workers (q = logical_batch / examples)."
     )
-    accountant: Literal["rdp", "prv"] = Field("rdp", description="Opacus accountant that sets sigma and reports epsilon.")
+    accountant: Literal["rdp", "prv"] = Field(
+        "rdp", description="Opacus accountant that sets sigma and reports epsilon."
+    )
     audit_noise: bool = Field(
         True,
         description="Every step, measure the noise actually added to the logical batch (one extra all-reduce "
@@ -522,7 +524,17 @@ class ServeConfig(_Model):
 
 
 EntitySetting = Literal["known", "unknown"]
-ExperimentMethod = Literal["baseline", "icl", "icl_blocking", "prefix", "prefix_masked"]
+ExperimentMethod = Literal[
+    "baseline",
+    "icl",
+    "icl_blocking",
+    "prefix",
+    "prefix_masked",
+    "prefix_dp8",
+    "prefix_dp4",
+    "anon_redact",
+    "anon_surrogate",
+]
 
 
 class ExperimentConfig(_Model):
@@ -531,7 +543,9 @@ class ExperimentConfig(_Model):
     methods: list[ExperimentMethod] = Field(
         default_factory=lambda: list[ExperimentMethod](["baseline", "icl", "icl_blocking", "prefix", "prefix_masked"]),
         description="baseline, icl, icl_blocking (ICL generation modes); prefix (prefix tuning, plain "
-        "L_LM) and prefix_masked (prefix tuning with the privacy-masked loss).",
+        "L_LM) and prefix_masked (prefix tuning with the privacy-masked loss); prefix_dp8 / prefix_dp4 (DP-SGD "
+        "prefix tuning at epsilon 8 / 4, training.dp for the rest); anon_redact / anon_surrogate (the real test "
+        "notes released with their entities redacted or replaced by fictional values, ctrlgen.anonymize).",
     )
     settings: list[EntitySetting] = Field(
         default_factory=lambda: list[EntitySetting](["known", "unknown"]),

@@ -39,6 +39,10 @@ METHOD_LABELS = {
     "icl_blocking": "ICL + blocking",
     "prefix": "Prefix tuning",
     "prefix_masked": "Prefix tuning + masking",
+    "prefix_dp8": "Prefix tuning, DP-SGD eps 8",
+    "prefix_dp4": "Prefix tuning, DP-SGD eps 4",
+    "anon_redact": "Anonymised: redaction",
+    "anon_surrogate": "Anonymised: fictional surrogates",
     "real": "(real train notes)",
     "base": "(base model, no tuning)",
 }
@@ -54,6 +58,7 @@ METRICS: tuple[tuple[str, str, float, int], ...] = (
     ("ctx_4", "ctx k=4 %", 100.0, 1),
     ("link_values", "linkage %", 100.0, 1),
     ("exposure", "canary exposure", 1.0, 2),
+    ("epsilon", "DP epsilon", 1.0, 2),
     ("perplexity", "perplexity", 1.0, 1),
     ("mauve", "MAUVE", 1.0, 3),
 )

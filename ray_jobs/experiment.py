@@ -49,7 +49,9 @@ __all__ = ["ExperimentSummary", "main", "run"]
 
 _DOC_COLUMNS = ["doc_id", "text", "metadata", "entities", "control_code"]
 _ICL = ("baseline", "icl", "icl_blocking")
-_VARIANT = {"prefix": "plain", "prefix_masked": "masked"}
+_VARIANT = {"prefix": "plain", "prefix_masked": "masked", "prefix_dp8": "dp", "prefix_dp4": "dp"}
+_EPSILON = {"prefix_dp8": 8.0, "prefix_dp4": 4.0}
+_ANON = {"anon_redact": "redact", "anon_surrogate": "surrogate"}
 
 
 def _log(msg: str) -> None:
@@ -156,6 +158,45 @@ def _exposures(cfg: CtrlgenConfig, adapter: str | None, canaries: list[Any]) -> 
     return out
 
 
+def _anonymised_cell(
+    cfg: CtrlgenConfig, method: str, setting: str, seed: int, splits: dict[str, dict[str, Path]], util: _Utility
+) -> dict[str, Any]:
+    """One (setting, anonymiser, seed) cell: ``num_documents`` seeded test notes, released anonymised.
+
+    The spans edited are the setting's (gold when known, the extractor's when unknown); leakage,
+    ROUGE and the linkage attack are measured against each note's own gold values and text.
+    """
+    import ray
+
+    from ctrlgen.anonymize import anonymize
+    from ctrlgen.fictional import FictionalCodes
+    from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate
+    from ctrlgen.metrics.linkage import RealRecord, linkage_attack
+    from ctrlgen.schema import Entity
+    from ray_jobs.common import seeded_sample
+
+    x = cfg.experiment
+    ds = ray.data.read_parquet(str(splits[setting]["test"])).select_columns(_DOC_COLUMNS)
+    picked = seeded_sample(ds, x.num_documents, seed, "anonymise", _DOC_COLUMNS)
+    ids = {str(r["doc_id"]) for r in picked}
+    gold = {str(r["doc_id"]): RealDoc.from_row(r) for r in _rows(splits["known"]["test"], ids)}
+    # Surrogates avoid the real values of the notes released (as fictional codes avoid the corpus').
+    gen = FictionalCodes(seed=seed, exclude={v for d in gold.values() for v in d.values})
+    rows = []
+    for r in sorted(picked, key=lambda r: str(r["doc_id"])):
+        doc_id = str(r["doc_id"])
+        ents = [Entity.from_row(e) for e in (r["entities"] or [])]
+        text = anonymize(r["text"], ents, _ANON[method], gen, doc_id).text  # type: ignore[arg-type]
+        rows.append({"doc_id": doc_id, "mode": method, "status": "ok", "text": text, "context_ids": [doc_id]})
+    by_mode = aggregate(Evaluator(gold).table(rows).to_pylist(), 0)
+    texts = [r["text"] for r in rows]
+    link = linkage_attack([RealRecord(d.doc_id, d.text, d.values) for d in gold.values()], texts, seed)
+    return {"setting": setting, "method": method, "seed": seed, **by_mode[method],
+            "link_values": link.values, "link_any": link.any_value, "link_sentences": link.sentences,
+            "link_attacked": link.attacked, "perplexity": util.perplexity(texts, seed) if texts else None,
+            "mauve": util.mauve(texts, seed) if len(texts) >= 2 else None}  # fmt: skip
+
+
 def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     import ray
     import torch
@@ -228,19 +269,24 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     # 4. Prefix tuning (+ canary exposure).
     adapters: dict[tuple[str, str, int], Path] = {}
     exposures: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    epsilons: dict[tuple[str, str, int], float] = {}
     train_seeds = x.seeds if x.train_per_seed else x.seeds[:1]
     for setting in settings:
         for method in prefix_methods:
             for seed in train_seeds:
                 variant = _VARIANT[method]
-                run_dir = out / "runs" / setting / f"{variant}-s{seed}"
+                run_dir = out / "runs" / setting / f"{method}-s{seed}"
+                dp = {"training__dp__target_epsilon": _EPSILON[method], "training__dp__noise_multiplier": None} \
+                    if method in _EPSILON else {}  # fmt: skip
                 c = _with(cfg, output_dir=str(run_dir), training__input=str(ft_dirs[setting]),
                           training__variant=variant, training__num_documents=None, training__seed=seed,
-                          training__run_name=f"{setting}-{variant}-s{seed}")  # fmt: skip
-                _log(f"training {variant} prefix ({setting}, seed {seed})")
+                          training__run_name=f"{setting}-{method}-s{seed}", **dp)  # fmt: skip
+                _log(f"training {method} prefix ({variant}; {setting}, seed {seed})")
                 summary = run_train(c)
                 _log(summary.text())
                 adapters[(setting, method, seed)] = run_dir
+                if summary.privacy:
+                    epsilons[(setting, method, seed)] = float(summary.privacy["epsilon"])
                 if canaries:
                     exposures[(setting, method, seed)] = _exposures(cfg, str(run_dir / "adapter"), canaries)
     base_exposure = _exposures(cfg, None, canaries) if canaries else []
@@ -310,6 +356,8 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                             "link_sentences": link.sentences, "link_attacked": link.attacked,
                             "perplexity": util.perplexity(texts, seed) if texts else None,
                             "mauve": util.mauve(texts, seed) if len(texts) >= 2 else None}  # fmt: skip
+                    if (setting, method, train_seed) in epsilons:
+                        cell["epsilon"] = epsilons[(setting, method, train_seed)]
                     if ft and canaries:
                         ex = exposures[(setting, method, train_seed)]
                         cell["exposure"] = sum(e["exposure"] for e in ex) / len(ex)
@@ -319,6 +367,11 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                     if method == "baseline":
                         baseline_cells[seed] = cell
                     cells.append(cell)
+            for method in (m for m in x.methods if m in _ANON):  # the real test notes, anonymised
+                cell = _anonymised_cell(cfg, method, setting, seed, splits, util)
+                _log(f"{setting} / {method} / seed {seed}: PIPP {cell['pipp']:.3f}, ROUGE-L {cell['rougeL']:.3f}, "
+                     f"perplexity {cell['perplexity']}, MAUVE {cell['mauve']}")  # fmt: skip
+                cells.append(cell)
             if (
                 "baseline" in x.methods
                 and seed in baseline_cells

@@ -10,7 +10,7 @@ from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate
 pytestmark = pytest.mark.integration
 
 CONFIG = "configs/experiment_tiny.yaml"
-METHODS = ["baseline", "icl", "icl_blocking", "prefix", "prefix_masked"]
+METHODS = ["baseline", "icl", "icl_blocking", "prefix", "prefix_masked", "prefix_dp8", "anon_redact", "anon_surrogate"]
 
 
 def test_experiment_matrix_writes_table_json_and_plot(ray_cluster, tmp_path, shared, capsys):
@@ -32,6 +32,12 @@ def test_experiment_matrix_writes_table_json_and_plot(ray_cluster, tmp_path, sha
         assert all(0 <= c[f"ctx_{k}"] <= 1 for k in (1, 2, 3, 4)) and 0 <= c["link_values"] <= 1
         assert c["perplexity"] > 1 and 0 < c["mauve"] <= 1
         assert ("exposure" in c) == c["method"].startswith("prefix")
+        assert ("epsilon" in c) == (c["method"] == "prefix_dp8") and c.get("epsilon", 0) <= 8.0
+    # Anonymised real notes: the known setting edits every gold span (no gold value of >= 4 characters
+    # left), and the released text stays close to the original (high ROUGE-L, unlike synthesis).
+    for method in ("anon_redact", "anon_surrogate"):
+        known = [c for c in matrix if c["method"] == method and c["setting"] == "known"]
+        assert all(c["pipp_long"] == 0 and c["rougeL"] > 0.5 for c in known), known
     # the baseline has no codes: one generation per seed, reported under both settings
     base = {s: [c for c in matrix if c["method"] == "baseline" and c["setting"] == s] for s in ("known", "unknown")}
     assert [c["rougeL"] for c in base["known"]] == [c["rougeL"] for c in base["unknown"]]
