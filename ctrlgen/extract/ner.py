@@ -192,7 +192,6 @@ def train_ner(
     ``surrogates``: each epoch, ``augment_share`` of the documents with entities are seen
     with their private spans swapped for surrogates (:func:`augment`).
     """
-    import spacy
     from spacy.util import compounding, fix_random_seed, minibatch
 
     from ctrlgen.assets import load_spacy
@@ -236,5 +235,4 @@ def train_ner(
                          dict(trained_on or {}, base_model=base_model, dropout=dropout, negatives=negatives,
                               augment_share=augment_share if surrogates else 0.0))  # fmt: skip
     (out / META_FILE).write_text(json.dumps(asdict(res), indent=2) + "\n", encoding="utf-8")
-    _ = spacy  # imported for its registry side effects before training
     return res

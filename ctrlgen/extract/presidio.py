@@ -191,7 +191,8 @@ def load_ner(path: str) -> Any:
     if not (p / META_FILE).is_file():
         raise AssetError(
             f"extraction.ner_model {path} is not a trained NER (no {META_FILE}); "
-            "make it with `ctrlgen train-ner` (the set-up commands train the default one)"
+            "make it with `ctrlgen train-ner -c CONFIG` (for PhysioNet: -c configs/extract_physionet_ner.yaml, "
+            "about 5 minutes on 2 cores)"
         )
     return load_spacy(str(p))
 
