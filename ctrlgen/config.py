@@ -540,6 +540,10 @@ ExperimentMethod = Literal[
 class ExperimentConfig(_Model):
     """The experiment matrix (METHOD.md section 7): methods x entity settings x seeds, and its metrics."""
 
+    semantic_k: int = Field(3, ge=1, description="Claims the semantic attacker knows per record (METHOD.md 8.2).")
+    semantic_retriever: Literal["bm25", "dense"] = Field(
+        "bm25", description="How the semantic attacker links its claims to a released note: BM25 or MiniLM cosine."
+    )
     methods: list[ExperimentMethod] = Field(
         default_factory=lambda: list[ExperimentMethod](["baseline", "icl", "icl_blocking", "prefix", "prefix_masked"]),
         description="baseline, icl, icl_blocking (ICL generation modes); prefix (prefix tuning, plain "

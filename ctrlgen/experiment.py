@@ -57,10 +57,14 @@ METRICS: tuple[tuple[str, str, float, int], ...] = (
     ("ctx_1", "ctx k=1 %", 100.0, 1),
     ("ctx_4", "ctx k=4 %", 100.0, 1),
     ("link_values", "linkage %", 100.0, 1),
+    ("sem_link", "semantic linkage %", 100.0, 1),
+    ("lexical_privacy", "lexical privacy", 1.0, 3),
+    ("semantic_privacy", "semantic privacy", 1.0, 3),
     ("exposure", "canary exposure", 1.0, 2),
     ("epsilon", "DP epsilon", 1.0, 2),
     ("perplexity", "perplexity", 1.0, 1),
     ("mauve", "MAUVE", 1.0, 3),
+    ("cls_f1", "category F1", 1.0, 3),
 )
 
 

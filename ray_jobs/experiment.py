@@ -112,12 +112,13 @@ class ExperimentSummary:
 class _Utility:
     """Downstream perplexity and MAUVE against a fixed sample of real test notes."""
 
-    def __init__(self, cfg: CtrlgenConfig, test_texts: list[str]) -> None:
+    def __init__(self, cfg: CtrlgenConfig, test_texts: list[str], test_labels: list[set[str]]) -> None:
         from ctrlgen.assets import load_sentence_encoder
         from ctrlgen.metrics.utility import text_features
 
         self.cfg, self.x = cfg, cfg.experiment
         self.test = test_texts
+        self.test_labels = test_labels
         self.encoder = load_sentence_encoder(cfg.nlp.embedding_model)
         self.q = text_features(self.encoder, test_texts)
 
@@ -130,6 +131,12 @@ class _Utility:
             finetune_lm(model, tok, texts, epochs=self.x.ppl_epochs, learning_rate=self.x.ppl_learning_rate,
                         max_tokens=self.x.ppl_max_tokens, seed=seed)  # fmt: skip
         return perplexity(model, tok, self.test, self.x.ppl_max_tokens)
+
+    def classify(self, texts: list[str], labels: list[set[str]]) -> float | None:
+        """Train on these texts (entity categories as labels), macro-F1 on the real test notes."""
+        from ctrlgen.metrics.utility import category_f1
+
+        return category_f1(texts, labels, self.test, self.test_labels)
 
     def mauve(self, texts: list[str], seed: int) -> float:
         from ctrlgen.metrics.utility import mauve_score, text_features
@@ -158,8 +165,46 @@ def _exposures(cfg: CtrlgenConfig, adapter: str | None, canaries: list[Any]) -> 
     return out
 
 
+def _categories(code: str | None) -> set[str]:
+    """The entity categories of a control code's text (the downstream classification label)."""
+    from ctrlgen.codes import parse_control_code
+
+    return set(parse_control_code(code)) if code else set()
+
+
+def _judge(util: _Utility, texts: list[str]) -> Any:
+    """The offline semantic judge, its thresholds calibrated on the utility sample of real test notes."""
+    from ctrlgen.metrics.semantic import SimilarityJudge, calibrate
+
+    same, partly, medians = calibrate(util.encoder, texts, seed=util.x.split_seed)
+    _log(f"semantic judge: similarity >= {same:.3f} same, >= {partly:.3f} partly (pair medians {medians})")
+    return SimilarityJudge(util.encoder, same, partly)
+
+
+def _semantic(
+    judge: Any, util: _Utility, originals: list[Any], texts: list[str], sources: list[tuple[str, ...]], seed: int
+) -> dict[str, Any]:
+    """The semantic attack (METHOD.md 8.2) of one cell: its outputs vs the real notes they could reveal."""
+    from ctrlgen.metrics.semantic import Record, Released, semantic_attack
+
+    if not texts or not originals:
+        return {}
+    released = [Released(f"out{i}", t, s) for i, (t, s) in enumerate(zip(texts, sources, strict=True))]
+    res = semantic_attack([Record(d.doc_id, d.text) for d in originals], released, judge,
+                          k=util.x.semantic_k, seed=seed, retriever=util.x.semantic_retriever,
+                          encoder=util.encoder)  # fmt: skip
+    return {"sem_link": res.linkage_rate if res.linkable else None, "lexical_privacy": res.lexical_privacy,
+            "semantic_privacy": res.semantic_privacy, "sem_attacked": res.attacked, "sem_linkable": res.linkable}  # fmt: skip
+
+
 def _anonymised_cell(
-    cfg: CtrlgenConfig, method: str, setting: str, seed: int, splits: dict[str, dict[str, Path]], util: _Utility
+    cfg: CtrlgenConfig,
+    method: str,
+    setting: str,
+    seed: int,
+    splits: dict[str, dict[str, Path]],
+    util: _Utility,
+    judge: Any,
 ) -> dict[str, Any]:
     """One (setting, anonymiser, seed) cell: ``num_documents`` seeded test notes, released anonymised.
 
@@ -187,14 +232,17 @@ def _anonymised_cell(
         doc_id = str(r["doc_id"])
         ents = [Entity.from_row(e) for e in (r["entities"] or [])]
         text = anonymize(r["text"], ents, _ANON[method], gen, doc_id).text  # type: ignore[arg-type]
-        rows.append({"doc_id": doc_id, "mode": method, "status": "ok", "text": text, "context_ids": [doc_id]})
+        rows.append({"doc_id": doc_id, "mode": method, "status": "ok", "text": text, "context_ids": [doc_id],
+                     "labels": {e.category for e in ents}})  # fmt: skip
     by_mode = aggregate(Evaluator(gold).table(rows).to_pylist(), 0)
     texts = [r["text"] for r in rows]
     link = linkage_attack([RealRecord(d.doc_id, d.text, d.values) for d in gold.values()], texts, seed)
     return {"setting": setting, "method": method, "seed": seed, **by_mode[method],
             "link_values": link.values, "link_any": link.any_value, "link_sentences": link.sentences,
             "link_attacked": link.attacked, "perplexity": util.perplexity(texts, seed) if texts else None,
-            "mauve": util.mauve(texts, seed) if len(texts) >= 2 else None}  # fmt: skip
+            "mauve": util.mauve(texts, seed) if len(texts) >= 2 else None,
+            "cls_f1": util.classify(texts, [r["labels"] for r in rows]),
+            **_semantic(judge, util, list(gold.values()), texts, [(r["doc_id"],) for r in rows], seed)}  # fmt: skip
 
 
 def run(cfg: CtrlgenConfig) -> ExperimentSummary:
@@ -242,9 +290,9 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     schema = pq.read_schema(next(splits["known"]["train"].rglob("*.parquet")))
     real_icl = {r["doc_id"]: RealDoc.from_row(r) for r in known_train}
     test_ds = ray.data.read_parquet(str(splits["known"]["test"])).select_columns(_DOC_COLUMNS)
-    test_texts = [
-        r["text"] for r in seeded_sample(test_ds, x.test_documents, x.split_seed, "utility", ["doc_id", "text"])
-    ]
+    test_rows = seeded_sample(test_ds, x.test_documents, x.split_seed, "utility", ["doc_id", "text", "control_code"])
+    test_texts = [r["text"] for r in test_rows]
+    test_labels = [_categories(r["control_code"]) for r in test_rows]
 
     # 3. Fine-tuning set (same notes in every setting) with canaries.
     prefix_methods = [m for m in x.methods if m in _VARIANT]
@@ -306,15 +354,18 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
             )
 
     # 5-6. Generation and evaluation per (setting, seed).
-    util = _Utility(cfg, test_texts)
+    util = _Utility(cfg, test_texts, test_labels)
+    judge = _judge(util, test_texts)
     cells: list[dict[str, Any]] = []
     baseline_cells: dict[int, dict[str, Any]] = {}
     for seed in x.seeds:
         train_seed = seed if x.train_per_seed else x.seeds[0]
-        real_sample = [r["text"] for r in seeded_sample(
-            ray.data.from_items(known_train), x.num_documents, seed, "real", ["doc_id", "text"])]  # fmt: skip
+        real_rows = seeded_sample(ray.data.from_items(known_train), x.num_documents, seed, "real",
+                                  ["doc_id", "text", "control_code"])  # fmt: skip
+        real_sample = [r["text"] for r in real_rows]
         cells.append({"setting": "reference", "method": "real", "seed": seed,
-                      "perplexity": util.perplexity(real_sample, seed), "mauve": util.mauve(real_sample, seed)})  # fmt: skip
+                      "perplexity": util.perplexity(real_sample, seed), "mauve": util.mauve(real_sample, seed),
+                      "cls_f1": util.classify(real_sample, [_categories(r["control_code"]) for r in real_rows])})  # fmt: skip
         for setting in settings:
             runs: list[tuple[list[str], Path | None]] = []
             icl_modes = [m for m in _ICL if m in x.methods and not (m == "baseline" and seed in baseline_cells)]
@@ -351,11 +402,16 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                     else:
                         attacked = [real_icl[d] for d in sorted({c for r in ok for c in r["context_ids"]})]
                     link = linkage_attack([RealRecord(d.doc_id, d.text, d.values) for d in attacked], texts, seed)
+                    # ICL outputs are made from their contexts; what a prefix output was made from is unknown.
+                    made_from = [() if ft else tuple(r["context_ids"]) for r in ok]
+                    sem = _semantic(judge, util, attacked, texts, made_from, seed)
                     cell = {"setting": setting, "method": method, "seed": seed, **by_mode[mode],
                             "link_values": link.values, "link_any": link.any_value,
                             "link_sentences": link.sentences, "link_attacked": link.attacked,
                             "perplexity": util.perplexity(texts, seed) if texts else None,
-                            "mauve": util.mauve(texts, seed) if len(texts) >= 2 else None}  # fmt: skip
+                            "mauve": util.mauve(texts, seed) if len(texts) >= 2 else None,
+                            "cls_f1": util.classify(texts, [_categories(r["fictional_code"]) for r in ok]),
+                            **sem}  # fmt: skip
                     if (setting, method, train_seed) in epsilons:
                         cell["epsilon"] = epsilons[(setting, method, train_seed)]
                     if ft and canaries:
@@ -368,7 +424,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                         baseline_cells[seed] = cell
                     cells.append(cell)
             for method in (m for m in x.methods if m in _ANON):  # the real test notes, anonymised
-                cell = _anonymised_cell(cfg, method, setting, seed, splits, util)
+                cell = _anonymised_cell(cfg, method, setting, seed, splits, util, judge)
                 _log(f"{setting} / {method} / seed {seed}: PIPP {cell['pipp']:.3f}, ROUGE-L {cell['rougeL']:.3f}, "
                      f"perplexity {cell['perplexity']}, MAUVE {cell['mauve']}")  # fmt: skip
                 cells.append(cell)

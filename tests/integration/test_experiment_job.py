@@ -38,6 +38,13 @@ def test_experiment_matrix_writes_table_json_and_plot(ray_cluster, tmp_path, sha
     for method in ("anon_redact", "anon_surrogate"):
         known = [c for c in matrix if c["method"] == method and c["setting"] == "known"]
         assert all(c["pipp_long"] == 0 and c["rougeL"] > 0.5 for c in known), known
+        # ... yet the semantic attack links the edited notes back to their originals
+        assert all(c["sem_link"] >= 0.5 for c in known if c["sem_linkable"]), known
+    for c in matrix:  # the semantic attack ran on every cell; prefix outputs have no known source note
+        assert 0 <= c["lexical_privacy"] <= 1 and 0 <= c["semantic_privacy"] <= 1
+        assert (c["sem_link"] is None) == (c["method"].startswith("prefix") or not c["sem_linkable"])
+        assert c["cls_f1"] is None or 0 <= c["cls_f1"] <= 1  # train on the cell's texts, test on real notes
+    assert all(0 <= c["cls_f1"] <= 1 for c in cells if c["method"] == "real")
     # the baseline has no codes: one generation per seed, reported under both settings
     base = {s: [c for c in matrix if c["method"] == "baseline" and c["setting"] == s] for s in ("known", "unknown")}
     assert [c["rougeL"] for c in base["known"]] == [c["rougeL"] for c in base["unknown"]]

@@ -249,3 +249,21 @@ def test_sharded_references_give_the_records_of_one_evaluator(num_shards: int) -
         }
     with pytest.raises(Exception, match="1 context document"):
         merge_partials([s.partial(_row("t", "icl", "x", ["a", "zz"])) for s in shards], 0)
+
+
+def test_category_f1_learns_from_released_notes_and_scores_real_ones() -> None:
+    from ctrlgen.metrics.utility import category_f1
+
+    def note(person: bool, date: bool, i: int) -> str:
+        return " ".join(["Patient seen on ward", f"bed {i}."] + (["Dr. Wexler called the wife."] if person else [])
+                        + (["Admitted on 3 March."] if date else []))  # fmt: skip
+
+    combos = [(p, d) for p in (True, False) for d in (True, False)] * 5
+    train = [note(p, d, i) for i, (p, d) in enumerate(combos)]
+    labels = [{c for c, on in (("PERSON", p), ("DATETIME", d)) if on} for p, d in combos]
+    test = [note(p, d, 100 + i) for i, (p, d) in enumerate(combos[:8])]
+    assert category_f1(train, labels, test, labels[:8]) == 1.0
+    # Labels that do not follow the texts teach nothing: worse than the informative set.
+    shuffled = labels[5:] + labels[:5]
+    assert category_f1(train, shuffled, test, labels[:8]) < 0.8
+    assert category_f1([], [], test, labels[:8]) is None
