@@ -15,7 +15,6 @@ Two model copies, so that the plain step never runs through Opacus's hooks.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -27,9 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import write_section
-from train import _batch
+from train import _batch, with_worker_env
 
-from ctrlgen.config import TrainingConfig
 from ctrlgen.models import load_causal_lm
 from ctrlgen.training import LossWeights
 from ctrlgen.training.dp import dp_plan, make_private, per_example_lm_loss
@@ -110,9 +108,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes; does not write docs/benchmarks.md")
     args = ap.parse_args()
-    env = TrainingConfig().worker_env  # the train workers' allocator settings, for this process too
-    if any(os.environ.get(k) != v for k, v in env.items()):
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
+    with_worker_env()  # the train workers' allocator settings, for this process too
     torch.manual_seed(0)
     if args.quick:
         print(measure(2, 4, 2, 64)[0])

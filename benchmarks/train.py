@@ -125,13 +125,18 @@ def workers(steps: int) -> str:
     return "\n".join(rows)
 
 
+def with_worker_env() -> None:
+    """Re-run this process with the train workers' allocator settings (glibc reads them at start)."""
+    env = TrainingConfig().worker_env
+    if any(os.environ.get(k) != v for k, v in env.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes; does not write docs/benchmarks.md")
     args = ap.parse_args()
-    env = TrainingConfig().worker_env  # the train workers' allocator settings, for this process too
-    if any(os.environ.get(k) != v for k, v in env.items()):
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})  # glibc reads them at start
+    with_worker_env()
     torch.manual_seed(0)
     if args.quick:
         print(step_times(2, 2, 64)[0])

@@ -23,9 +23,10 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ctrlgen.codes import build_control_code, code_value
 from ctrlgen.fictional import FictionalCodes
@@ -35,16 +36,12 @@ __all__ = ["ANONYMIZERS", "Anonymized", "anonymize"]
 
 ANONYMIZERS = ("redact", "surrogate")
 
-_ENGINE = None
 
+@functools.cache
+def _engine() -> Any:
+    from presidio_anonymizer import AnonymizerEngine
 
-def _engine():  # type: ignore[no-untyped-def]
-    global _ENGINE
-    if _ENGINE is None:
-        from presidio_anonymizer import AnonymizerEngine
-
-        _ENGINE = AnonymizerEngine()
-    return _ENGINE
+    return AnonymizerEngine()
 
 
 @dataclass(frozen=True)

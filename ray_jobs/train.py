@@ -122,33 +122,41 @@ def _save(engine: Any, state: dict[str, Any], history: list[dict[str, Any]], ran
     return Checkpoint.from_directory(d)
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """What each Ray Train worker runs (config: the CtrlgenConfig JSON and the job's plan)."""
-    import deepspeed
-    import ray.train
-    import ray.train.torch
-    import torch
-    import torch.distributed as dist
+@dataclass
+class _Worker:
+    """What both training loops set up the same way on each Ray Train worker."""
 
-    from ctrlgen.models import load_causal_lm
-    from ctrlgen.training.data import IngestCount, collate, rank_batches, rank_range
-    from ctrlgen.training.prefix import batch_loss, init_prefix_from_text, loss_weights, prefix_model
-    from ray_jobs.metrics import record_train
+    cfg: CtrlgenConfig
+    rank: int
+    world: int
+    device: Any
+    model: Any  # the PEFT prefix model
+    tok: Any
+    params: list[Any]  # the trainable (prefix) parameters
+    optimizer: Any  # torch AdamW over ``params``
 
-    cfg = CtrlgenConfig.model_validate_json(config["cfg_json"])
-    t = cfg.training
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    if t.torch_threads:
-        torch.set_num_threads(t.torch_threads)
-    torch.manual_seed(t.seed)
-
-    def say(line: str) -> None:
-        if rank == 0:
+    def say(self, line: str) -> None:
+        if self.rank == 0:
             # Not print(): Ray Train patches it to tee into its logger, and each line shows twice.
             sys.stderr.write(f"[train] {line}\n")
             sys.stderr.flush()
 
+
+def _worker(config: dict[str, Any]) -> _Worker:
+    """Config, rank, threads and seed; the prefix model on Ray Train's device; AdamW over the prefix."""
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    from ctrlgen.models import load_causal_lm
+    from ctrlgen.training.prefix import init_prefix_from_text, prefix_model
+
+    cfg = CtrlgenConfig.model_validate_json(config["cfg_json"])
+    t = cfg.training
+    ctx = ray.train.get_context()
+    if t.torch_threads:
+        torch.set_num_threads(t.torch_threads)
+    torch.manual_seed(t.seed)
     # Ray Train's device for this worker: its GPU with use_gpu (NCCL), else the CPU (gloo).
     device = ray.train.torch.get_device()
     base, tok = load_causal_lm(cfg.model, device=device)
@@ -158,6 +166,36 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay)
+    return _Worker(cfg, ctx.get_world_rank(), ctx.get_world_size(), device, model, tok, params, optimizer)
+
+
+def _report_ingest(w: _Worker, ingest: Any, path: str) -> None:
+    """What each rank read (rows, compressed bytes): rank 0 writes the list for the job's summary."""
+    import torch
+    import torch.distributed as dist
+
+    read = torch.tensor([w.rank, ingest.rows, ingest.bytes], dtype=torch.float64, device=w.device)
+    everyone = [torch.zeros_like(read) for _ in range(w.world)]
+    dist.all_gather(everyone, read)
+    per_rank = [{"rank": int(x[0]), "rows": int(x[1]), "bytes": int(x[2])} for x in (e.cpu() for e in everyone)]
+    if w.rank == 0:
+        storage.write_text(path, json.dumps(per_rank) + "\n")
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """What each Ray Train worker runs (config: the CtrlgenConfig JSON and the job's plan)."""
+    import deepspeed
+    import ray.train
+    import torch
+    import torch.distributed as dist
+
+    from ctrlgen.training.data import IngestCount, collate, rank_batches, rank_range
+    from ctrlgen.training.prefix import batch_loss, loss_weights
+    from ray_jobs.metrics import record_train
+
+    w = _worker(config)
+    t, rank, world, device, say = w.cfg.training, w.rank, w.world, w.device, w.say
+    model, tok, optimizer = w.model, w.tok, w.optimizer
     say(f"DeepSpeed initialise on {world} worker(s) (a first run compiles its CPU comm op, about a minute)")
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config["deepspeed"])
     weights = loss_weights(t)
@@ -227,13 +265,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                                  checkpoint=_save(engine, state, history, rank))  # fmt: skip
         if step < total and local + 1 < steps_per_epoch:
             raise CtrlgenError(f"worker {rank}: the examples ran out after {local + 1} of {steps_per_epoch} batches")
-    # What each rank read (rows, compressed bytes): rank 0 keeps the list for the job's summary.
-    read = torch.tensor([rank, ingest.rows, ingest.bytes], dtype=torch.float64, device=device)
-    everyone = [torch.zeros_like(read) for _ in range(world)]
-    dist.all_gather(everyone, read)
-    per_rank = [{"rank": int(x[0]), "rows": int(x[1]), "bytes": int(x[2])} for x in (e.cpu() for e in everyone)]
-    if rank == 0:
-        storage.write_text(config["ingest_path"], json.dumps(per_rank) + "\n")
+    _report_ingest(w, ingest, config["ingest_path"])
 
 
 _DP_STATE = "dp_state.pt"
@@ -269,11 +301,9 @@ def dp_train_loop_per_worker(config: dict[str, Any]) -> None:
     import zlib
 
     import ray.train
-    import ray.train.torch
     import torch
     import torch.distributed as dist
 
-    from ctrlgen.models import load_causal_lm
     from ctrlgen.training.data import IngestCount, collate, rank_batches
     from ctrlgen.training.dp import (
         DPPlan,
@@ -286,34 +316,14 @@ def dp_train_loop_per_worker(config: dict[str, Any]) -> None:
         poisson_sample,
         worker_share,
     )
-    from ctrlgen.training.prefix import init_prefix_from_text, prefix_model
     from ray_jobs.metrics import record_train
 
     warnings.filterwarnings("ignore", message="Full backward hook is firing")  # frozen inputs: expected
-    cfg = CtrlgenConfig.model_validate_json(config["cfg_json"])
-    t = cfg.training
     plan_json = dict(config["dp_plan"])
-    plan = DPPlan(**{k: v for k, v in plan_json.items() if k in DPPlan.__dataclass_fields__}
-                  | {"per_worker_examples": tuple(plan_json["per_worker_examples"])})  # fmt: skip
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    if t.torch_threads:
-        torch.set_num_threads(t.torch_threads)
-    torch.manual_seed(t.seed)
-
-    def say(line: str) -> None:
-        if rank == 0:
-            sys.stderr.write(f"[train] {line}\n")
-            sys.stderr.flush()
-
-    device = ray.train.torch.get_device()
-    base, tok = load_causal_lm(cfg.model, device=device)
-    model = prefix_model(base, t.num_virtual_tokens)
-    if t.prefix_init == "text":
-        init_prefix_from_text(model, tok)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay)
+    plan = DPPlan.from_json(plan_json)
+    w = _worker(config)
+    t, rank, world, device, say = w.cfg.training, w.rank, w.world, w.device, w.say
+    model, tok, params, optimizer = w.model, w.tok, w.params, w.optimizer
     noise_gen = torch.Generator(device=device)
     gsm, dp_opt = make_private(model, optimizer, plan, distributed=world > 1, generator=noise_gen)
     clipped_sums: list[torch.Tensor] = []
@@ -420,12 +430,7 @@ def dp_train_loop_per_worker(config: dict[str, Any]) -> None:
             state = {"step": step, "epoch": rec["epoch"], "resumed_from": start, "epsilon": eps, "plan": plan_json}
             ray.train.report({k: rec[k] for k in ("step", "loss", "lm", "contrastive", "kl")},
                              checkpoint=_save_dp(params, optimizer, state, history, model, rank))  # fmt: skip
-    read = torch.tensor([rank, ingest.rows, ingest.bytes], dtype=torch.float64, device=device)
-    everyone = [torch.zeros_like(read) for _ in range(world)]
-    dist.all_gather(everyone, read)
-    per_rank = [{"rank": int(x[0]), "rows": int(x[1]), "bytes": int(x[2])} for x in (e.cpu() for e in everyone)]
-    if rank == 0:
-        storage.write_text(config["ingest_path"], json.dumps(per_rank) + "\n")
+    _report_ingest(w, ingest, config["ingest_path"])
 
 
 @dataclass

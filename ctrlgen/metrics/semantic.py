@@ -118,6 +118,14 @@ def query_claims(claims: Sequence[str], k: int, seed: int, doc_id: str) -> tuple
     return sorted(idx[:k]), sorted(idx[k:])
 
 
+def _unit(encoder: Any, texts: Sequence[str]) -> np.ndarray:
+    """Sentence embeddings (:func:`ctrlgen.metrics.utility.text_features`) scaled to unit length."""
+    from ctrlgen.metrics.utility import text_features
+
+    e = text_features(encoder, texts, batch_size=64)
+    return e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-9)  # type: ignore[no-any-return]
+
+
 class SimilarityJudge:
     """Offline judge: best cosine similarity of a claim with the document's claims, two thresholds."""
 
@@ -126,13 +134,9 @@ class SimilarityJudge:
             raise ValueError(f"thresholds must satisfy partly < same; got {partly} and {same}")
         self.encoder, self.same, self.partly = encoder, same, partly
 
-    def _embed(self, texts: Sequence[str]) -> np.ndarray:
-        e = self.encoder.encode(list(texts), batch_size=64, show_progress_bar=False, convert_to_numpy=True)
-        return np.asarray(e, dtype=np.float32) / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-9)
-
     def similarity(self, claims: Sequence[str], document: str) -> np.ndarray:
         parts = atomize(document, 1) or [document]
-        return (self._embed(claims) @ self._embed(parts).T).max(axis=1)  # type: ignore[no-any-return]
+        return (_unit(self.encoder, claims) @ _unit(self.encoder, parts).T).max(axis=1)  # type: ignore[no-any-return]
 
     def __call__(self, claims: Sequence[str], document: str) -> list[int]:
         if not claims:
@@ -154,7 +158,6 @@ def calibrate(
     claims = [(i, c) for i, t in enumerate(texts) for c in atomize(t, 5)]
     if len({i for i, _ in claims}) < 2:
         raise ValueError("calibration needs claims of at least 5 words from at least 2 texts")
-    judge = SimilarityJudge(encoder, 1.0, 0.0)
     same, partly, none = [], [], []
     for _ in range(pairs):
         (i, a), (j, b) = rng.sample(claims, 2)
@@ -168,7 +171,7 @@ def calibrate(
         none.append((b, a))
 
     def sims(ps: list[tuple[str, str]]) -> np.ndarray:
-        x, y = judge._embed([p for p, _ in ps]), judge._embed([q for _, q in ps])
+        x, y = _unit(encoder, [p for p, _ in ps]), _unit(encoder, [q for _, q in ps])
         return (x * y).sum(axis=1)  # type: ignore[no-any-return]
 
     s, p, n = sims(same), sims(partly), sims(none)
@@ -190,28 +193,28 @@ def semantic_attack(
     """Link every record's k known claims to a released document and score what else it reveals."""
     if not released:
         raise ValueError("the released set is empty")
-    if retriever == "dense":
-        if encoder is None:
-            raise ValueError("dense retrieval needs a sentence encoder")
-        emb = SimilarityJudge(encoder, 1.0, 0.0)._embed([r.text for r in released])
-    else:
-        bm = BM25([_tokens(r.text) for r in released])
+    if retriever == "dense" and encoder is None:
+        raise ValueError("dense retrieval needs a sentence encoder")
     made_from: set[str] = {s for r in released for s in r.sources}
     res = SemanticResult(0, 0, 0, 0.0, 0.0, 0)
-    lexical, semantic = [], []
+    attacked: list[tuple[Record, list[str], list[int], str]] = []  # record, claims, unused claims, query
     for rec in records:
         claims = atomize(rec.text)
         if len(claims) <= k:
             res.skipped += 1
             continue
         known, rest = query_claims(claims, k, seed, rec.doc_id)
-        query = " ".join(claims[i] for i in known)
-        if retriever == "dense":
-            q = SimilarityJudge(encoder, 1.0, 0.0)._embed([query])[0]
-            best = int(np.argmax(emb @ q))
-        else:
-            best = int(np.argmax(bm.scores(_tokens(query))))
-        linked = released[best]
+        attacked.append((rec, claims, rest, " ".join(claims[i] for i in known)))
+    if not attacked:
+        best = np.zeros(0, dtype=np.int64)
+    elif retriever == "dense":  # every query embedded in one batch, one matrix product
+        best = (_unit(encoder, [q for *_, q in attacked]) @ _unit(encoder, [r.text for r in released]).T).argmax(1)
+    else:
+        bm = BM25([_tokens(r.text) for r in released])
+        best = np.array([int(np.argmax(bm.scores(_tokens(q)))) for *_, q in attacked], dtype=np.int64)
+    lexical, semantic = [], []
+    for (rec, claims, rest, _), b in zip(attacked, best.tolist(), strict=True):
+        linked = released[b]
         res.attacked += 1
         correct = rec.doc_id in linked.sources
         if rec.doc_id in made_from:

@@ -79,6 +79,12 @@ class DPPlan:
         """Standard deviation of the noise on the summed clipped gradients of one logical batch."""
         return self.noise_multiplier * self.max_grad_norm
 
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> DPPlan:
+        """The plan from :meth:`to_json` (its derived keys are ignored)."""
+        fields = {k: v for k, v in d.items() if k in DPPlan.__dataclass_fields__}
+        return DPPlan(**fields | {"per_worker_examples": tuple(d["per_worker_examples"])})
+
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["per_worker_examples"] = list(self.per_worker_examples)
