@@ -245,8 +245,8 @@ def _job(name: str) -> Callable[[CtrlgenConfig, argparse.Namespace], int]:
     return cmd
 
 
-cmd_extract, cmd_generate, cmd_train, cmd_evaluate, cmd_experiment, cmd_synthesize = (
-    _job(n) for n in ("extract", "generate", "train", "evaluate", "experiment", "synthesize")
+cmd_extract, cmd_generate, cmd_train, cmd_evaluate, cmd_experiment, cmd_synthesize, cmd_anonymize = (
+    _job(n) for n in ("extract", "generate", "train", "evaluate", "experiment", "synthesize", "anonymize")
 )
 
 
@@ -467,8 +467,13 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
     ),
     "experiment": (
         cmd_experiment,
-        "The experiment matrix {baseline, icl, icl_blocking, prefix, prefix_masked} x {known, unknown} x "
+        "The experiment matrix {the paper's five methods, DP-SGD prefixes, anonymisers} x {known, unknown} x "
         "seeds: extraction, patient split, training, generation, evaluation; writes results.json / .md / .png.",
+    ),
+    "anonymize": (
+        cmd_anonymize,
+        "Ray Data job: the LLM anonymiser (rewrite, attack, feed the hits back; METHOD.md 8.3) over an extraction "
+        "output with a local model or an OpenAI-compatible endpoint (anonymizer.*); writes <output_dir>/anonymized.",
     ),
     "synthesize": (
         cmd_synthesize,
@@ -478,7 +483,7 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
     ),
     "submit": (
         cmd_submit,
-        "Submit a job (extract, train, generate, evaluate, experiment, synthesize) to a Ray cluster through the Job "
+        "Submit a job (extract, train, generate, evaluate, experiment, synthesize, anonymize) to a Ray cluster through the Job "
         "Submission API: code as working_dir, resolved config in the runtime_env, logs followed; see docs/cluster.md.",
     ),
     "serve": (

@@ -523,6 +523,50 @@ class ServeConfig(_Model):
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per generator replica.")
 
 
+class LLMAnonymizerConfig(_Model):
+    """The LLM anonymiser (``ctrlgen anonymize``, experiment method anon_llm; METHOD.md 8.3, ctrlgen.anonymize_llm)."""
+
+    input: str | None = Field(
+        None, description="Extraction output whose notes are anonymised; default <output_dir>/extracted (run first)."
+    )
+    output: str | None = Field(None, description="Where the anonymised notes go; default <output_dir>/anonymized.")
+    num_documents: int | None = Field(None, ge=1, description="A seeded sample of this many notes (None: all).")
+    rounds: int = Field(3, ge=1, description="T: rewrite/attack rounds at most per note.")
+    guesses: int = Field(5, ge=1, description="The attacker's top-K guesses per round.")
+    block_values: bool = Field(
+        True, description="Ban the note's own private values as token sequences while rewriting (local models)."
+    )
+    on_failure: Literal["redact", "withhold", "release"] = Field(
+        "redact",
+        description="A note the attacker still hits after the last round: redact the values left verbatim, "
+        "withhold it, or release it as is (counted either way).",
+    )
+    length_factor: float = Field(1.3, gt=0, description="A rewrite may have this many times the note's tokens.")
+    attack_max_new_tokens: int = Field(48, ge=4, description="Tokens of the attacker's answer.")
+    chunk_chars: int = Field(
+        1200, ge=100, description="Notes are rewritten in pieces of at most this many characters (line breaks first)."
+    )
+    sampling: SamplingConfig = Field(
+        default_factory=lambda: SamplingConfig(max_new_tokens=512, temperature=0.3, top_p=0.9),
+        description="Sampling of both prompts; max_new_tokens caps a rewrite.",
+    )
+    seed: int = Field(0, description="Seeds every rewrite and attack (per note and round).")
+    model: ModelConfig | None = Field(None, description="The anonymiser's HF model; None: the config's model.")
+    endpoint: str | None = Field(
+        None,
+        description="An OpenAI-compatible base URL (ending in /v1: vLLM, ctrlgen serve) used instead of a "
+        "local model; banned sequences are not sent to it.",
+    )
+    endpoint_model: str = Field("ctrlgen", description="The model name sent to the endpoint.")
+    api_key_env: str = Field("CTRLGEN_LLM_API_KEY", description="Environment variable holding the endpoint's key.")
+    concurrency: int = Field(16, ge=1, description="Requests in flight to the endpoint per actor.")
+    batch_size: int = Field(8, ge=1, description="Notes per actor call (and per engine batch).")
+    num_actors: int = Field(1, ge=1, description="Anonymiser actors (model loaded once per actor).")
+    actor_num_cpus: float = Field(1.0, gt=0, description="Logical CPUs per actor.")
+    actor_num_gpus: float = Field(0.0, ge=0, description="GPUs per actor (model.device=cuda to use them).")
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per actor.")
+
+
 EntitySetting = Literal["known", "unknown"]
 ExperimentMethod = Literal[
     "baseline",
@@ -534,6 +578,7 @@ ExperimentMethod = Literal[
     "prefix_dp4",
     "anon_redact",
     "anon_surrogate",
+    "anon_llm",
 ]
 
 
@@ -549,7 +594,8 @@ class ExperimentConfig(_Model):
         description="baseline, icl, icl_blocking (ICL generation modes); prefix (prefix tuning, plain "
         "L_LM) and prefix_masked (prefix tuning with the privacy-masked loss); prefix_dp8 / prefix_dp4 (DP-SGD "
         "prefix tuning at epsilon 8 / 4, training.dp for the rest); anon_redact / anon_surrogate (the real test "
-        "notes released with their entities redacted or replaced by fictional values, ctrlgen.anonymize).",
+        "notes released with their entities redacted or replaced by fictional values, ctrlgen.anonymize); anon_llm "
+        "(the real test notes rewritten by the LLM anonymiser, ctrlgen.anonymize_llm, settings in anonymizer).",
     )
     settings: list[EntitySetting] = Field(
         default_factory=lambda: list[EntitySetting](["known", "unknown"]),
@@ -629,6 +675,7 @@ class CtrlgenConfig(_Model):
     experiment: ExperimentConfig = Field(default_factory=ExperimentConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    anonymizer: LLMAnonymizerConfig = Field(default_factory=LLMAnonymizerConfig)
     output_dir: str = Field("runs/demo", description="Where stages write their outputs.")
     show: int = Field(3, ge=0, description="How many control codes the demo prints.")
 

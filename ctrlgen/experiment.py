@@ -43,6 +43,7 @@ METHOD_LABELS = {
     "prefix_dp4": "Prefix tuning, DP-SGD eps 4",
     "anon_redact": "Anonymised: redaction",
     "anon_surrogate": "Anonymised: fictional surrogates",
+    "anon_llm": "Anonymised: LLM rewrite + attacker",
     "real": "(real train notes)",
     "base": "(base model, no tuning)",
 }

@@ -1,7 +1,8 @@
 """The experiment matrix (METHOD.md section 7) on one Ray cluster, reusing the other jobs.
 
-{baseline, ICL, ICL + blocking, prefix tuning, prefix tuning + masking} x {known,
-unknown entities} x seeds, read straight down:
+{baseline, ICL, ICL + blocking, prefix tuning, prefix tuning + masking, DP-SGD prefix
+tuning at epsilon 8 and 4, the real test notes anonymised by redaction, by fictional
+surrogates and by the LLM anonymiser} x {known, unknown entities} x seeds, read straight down:
 
 1. **extract** the corpus in each setting (the extraction job; the known setting
    always runs: its gold entities are what leakage is measured against);
@@ -16,9 +17,10 @@ unknown entities} x seeds, read straight down:
    method from test-split notes' fictional codes (ICL contexts from the train split)
    with the generation job;
 6. **evaluate** every (setting, method, seed) cell: per-document privacy metrics over
-   Ray Data (:mod:`ray_jobs.evaluate`), the linkage attack, downstream perplexity
+   Ray Data (:mod:`ray_jobs.evaluate`), the linkage attack, the semantic attack, downstream perplexity
    (a fresh base model fine-tuned on the cell's outputs, perplexity on real test
-   notes) and MAUVE against real test notes; two reference rows: the base model
+   notes), MAUVE against real test notes and category F1; anonymiser cells release the seeded
+   test notes edited (``ctrlgen.anonymize``, or the LLM anonymiser's Ray Data job); two reference rows: the base model
    and the same fine-tuning on real train notes;
 7. **report**: mean and 95% CI over seeds -> ``results.json``, ``results.md``,
    ``privacy_utility.png`` under ``<output_dir>/results``.
@@ -51,7 +53,7 @@ _DOC_COLUMNS = ["doc_id", "text", "metadata", "entities", "control_code"]
 _ICL = ("baseline", "icl", "icl_blocking")
 _VARIANT = {"prefix": "plain", "prefix_masked": "masked", "prefix_dp8": "dp", "prefix_dp4": "dp"}
 _EPSILON = {"prefix_dp8": 8.0, "prefix_dp4": 4.0}
-_ANON = {"anon_redact": "redact", "anon_surrogate": "surrogate"}
+_ANON = {"anon_redact": "redact", "anon_surrogate": "surrogate", "anon_llm": "llm"}
 
 
 def _log(msg: str) -> None:
@@ -227,14 +229,28 @@ def _anonymised_cell(
     gold = {str(r["doc_id"]): RealDoc.from_row(r) for r in _rows(splits["known"]["test"], ids)}
     # Surrogates avoid the real values of the notes released (as fictional codes avoid the corpus').
     gen = FictionalCodes(seed=seed, exclude={v for d in gold.values() for v in d.values})
+    picked = sorted(picked, key=lambda r: str(r["doc_id"]))
+    extra: dict[str, Any] = {}
+    if method == "anon_llm":  # the Ray Data job of ctrlgen anonymize over the cell's notes
+        from ray_jobs.anonymize import anonymize_dataset
+
+        rewritten = {str(r["doc_id"]): r for r in anonymize_dataset(ray.data.from_items(picked), cfg, seed).take_all()}
+        done = [rewritten[str(r["doc_id"])] for r in picked]
+        extra = {"anon_rounds": sum(r["rounds"] for r in done) / len(done) if done else None,
+                 "anon_private": sum(r["status"] == "private" for r in done),
+                 "anon_fallback": sum(r["status"] == "redacted" for r in done)}  # fmt: skip
     rows = []
-    for r in sorted(picked, key=lambda r: str(r["doc_id"])):
+    for r in picked:
         doc_id = str(r["doc_id"])
         ents = [Entity.from_row(e) for e in (r["entities"] or [])]
-        text = anonymize(r["text"], ents, _ANON[method], gen, doc_id).text  # type: ignore[arg-type]
-        rows.append({"doc_id": doc_id, "mode": method, "status": "ok", "text": text, "context_ids": [doc_id],
-                     "labels": {e.category for e in ents}})  # fmt: skip
+        if method == "anon_llm":
+            text = rewritten[doc_id]["text"]
+        else:
+            text = anonymize(r["text"], ents, _ANON[method], gen, doc_id).text  # type: ignore[arg-type]
+        rows.append({"doc_id": doc_id, "mode": method, "status": "ok" if text is not None else "withheld",
+                     "text": text or "", "context_ids": [doc_id], "labels": {e.category for e in ents}})  # fmt: skip
     by_mode = aggregate(Evaluator(gold).table(rows).to_pylist(), 0)
+    rows = [r for r in rows if r["status"] == "ok"]
     texts = [r["text"] for r in rows]
     link = linkage_attack([RealRecord(d.doc_id, d.text, d.values) for d in gold.values()], texts, seed)
     return {"setting": setting, "method": method, "seed": seed, **by_mode[method],
@@ -242,7 +258,7 @@ def _anonymised_cell(
             "link_attacked": link.attacked, "perplexity": util.perplexity(texts, seed) if texts else None,
             "mauve": util.mauve(texts, seed) if len(texts) >= 2 else None,
             "cls_f1": util.classify(texts, [r["labels"] for r in rows]),
-            **_semantic(judge, util, list(gold.values()), texts, [(r["doc_id"],) for r in rows], seed)}  # fmt: skip
+            **_semantic(judge, util, list(gold.values()), texts, [(r["doc_id"],) for r in rows], seed), **extra}  # fmt: skip
 
 
 def run(cfg: CtrlgenConfig) -> ExperimentSummary:

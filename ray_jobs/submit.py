@@ -42,7 +42,7 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_ENV = "CTRLGEN_JOB_CONFIG"  # the resolved config (JSON) of a submitted job
-SUBMITTABLE = ("extract", "train", "generate", "evaluate", "experiment", "synthesize")
+SUBMITTABLE = ("extract", "train", "generate", "evaluate", "experiment", "synthesize", "anonymize")
 # Never shipped with the code: environments, history, outputs, caches.
 _EXCLUDES = [".venv", ".git", "runs", ".mypy_cache", ".pytest_cache", ".ruff_cache", "**/__pycache__",
              "*.egg-info", "build", "dist", ".cache"]  # fmt: skip

@@ -1,7 +1,8 @@
 """HTTP ingress (FastAPI through ``@serve.ingress``): versioned routes, limits, auth, JSON errors.
 
 Routes: ``POST /v1/synthesize``, ``POST /v1/extract``, ``POST /v1/score``, ``GET /v1/adapters``,
-``GET /healthz`` (no auth), OpenAPI at ``/docs`` and ``/openapi.json``.
+``POST /v1/completions`` (OpenAI-compatible text completion with the base model, for the LLM
+anonymiser and other OpenAI clients), ``GET /healthz`` (no auth), OpenAPI at ``/docs`` and ``/openapi.json``.
 
 * **Auth**: ``Authorization: Bearer <token>`` on every route but ``/healthz``; the token is read
   at replica start from ``serve.token_file`` or the ``serve.token_env`` variable and compared in
@@ -34,7 +35,7 @@ from ray import serve
 from ctrlgen.config import CtrlgenConfig
 from serve.metrics import metrics
 
-__all__ = ["Api", "ExtractIn", "ScoreIn", "SynthesizeIn", "app", "read_token"]
+__all__ = ["Api", "CompletionIn", "ExtractIn", "ScoreIn", "SynthesizeIn", "app", "read_token"]
 
 logger = logging.getLogger("ray.serve")
 
@@ -82,6 +83,22 @@ class ExtractIn(_In):
 
 class ScoreIn(_In):
     texts: list[str] = Field(min_length=1)
+
+
+class CompletionIn(BaseModel):
+    """An OpenAI-style completion request (``POST /v1/completions``); unknown OpenAI fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = Field(None, description="Accepted for compatibility; the service has one base model.")
+    prompt: str | list[str] = Field(description="A prompt, or a list of prompts (one choice each).")
+    max_tokens: int | None = Field(None, ge=1, description="New tokens per choice; capped by the server.")
+    temperature: float | None = Field(None, ge=0, description="Accepted; the server's sampling settings apply.")
+    top_p: float | None = Field(None, gt=0, le=1, description="Accepted; the server's sampling settings apply.")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Seeds sampling (prompt i: a seed derived from it).")
+    stop: str | list[str] | None = Field(None, description="Up to 4 stop strings (cut before them).")
+    n: int = Field(1, ge=1, le=1, description="Choices per prompt (only 1).")
+    stream: bool = Field(False, description="Streaming is not supported.")
 
 
 class ApiError(Exception):
@@ -340,3 +357,39 @@ class Api:
         self._texts_ok(body.texts, "texts")
         out = await self._call(self.scorer.score.remote(body.texts), "scoring")
         return {"id": _rid(request), **out}
+
+    @app.post("/v1/completions", dependencies=[Depends(_auth)])
+    async def completions(self, body: CompletionIn, request: Request) -> dict[str, Any]:
+        """OpenAI-compatible completions from the base model (no control codes, no release gate): the
+        endpoint ``anonymizer.endpoint`` and other OpenAI clients can use. Batched with the other outputs."""
+        t0 = time.perf_counter()
+        if body.stream:
+            raise ApiError(422, "stream=true is not supported; send stream=false")
+        prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
+        if not prompts:
+            raise ApiError(422, "prompt is an empty list")
+        self._texts_ok(prompts, "prompts")
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        if len(stop) > 4:
+            raise ApiError(422, f"{len(stop)} stop strings sent; at most 4")
+        seed = body.seed if body.seed is not None else secrets.randbelow(2**63)
+        max_new = min(body.max_tokens or self.default_max_new_tokens, self.cfg.max_new_tokens)
+        req = {"prompts": prompts, "seed": seed, "max_new_tokens": max_new, "stop": stop}
+        out = await self._call(self.generator.complete.remote(req), "completion")
+        rid = _rid(request)
+        failed = [(i, c["error"]) for i, c in enumerate(out["choices"]) if c.get("error")]
+        if failed:  # engine errors name sizes only (e.g. a prompt over the model's positions)
+            raise ApiError(422, f"prompt[{failed[0][0]}]: {failed[0][1]}")
+        logger.info("completions %s: %d prompts, %d new tokens, %.2f s", rid, len(prompts),
+                    out["completion_tokens"], time.perf_counter() - t0)  # fmt: skip
+        choices = [
+            {"index": i, "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None}
+            for i, c in enumerate(out["choices"])
+        ]
+        usage = {
+            "prompt_tokens": out["prompt_tokens"],
+            "completion_tokens": out["completion_tokens"],
+            "total_tokens": out["prompt_tokens"] + out["completion_tokens"],
+        }
+        return {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()),
+                "model": body.model or out["model"], "choices": choices, "usage": usage}  # fmt: skip

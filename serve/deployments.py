@@ -102,6 +102,7 @@ class Generator:
             FictionalCodes(g.seed, corpus_values(src), same_counts=g.same_counts),
         )
         self.gate = g.gate
+        self.model_name = cfg.model.name
         self._batch.set_max_batch_size(sv.generator_batch_size)
         self._batch.set_batch_wait_timeout_s(sv.generator_batch_wait_s)
         logger.info(
@@ -163,6 +164,32 @@ class Generator:
             "regenerated": sum(o["attempts"] > 1 for o in outputs),
             "gate": gate,
         }
+
+    async def complete(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``req``: prompts, seed, max_new_tokens, stop (checked by the ingress). Raw continuations of the base
+        model through the same batch queue; no known values, so no gate."""
+        from ctrlgen.generation.engine import GenerationRequest
+        from ctrlgen.generation.icl import ModeRequest, row_seed
+
+        seed = req["seed"]
+        items = [
+            _Item(ModeRequest(GenerationRequest(p, seed=seed if i == 0 else row_seed(seed, "completion", str(i)),
+                                                stop=tuple(req["stop"]), max_new_tokens=req["max_new_tokens"]), ()),
+                  None, False, "completion")
+            for i, p in enumerate(req["prompts"])
+        ]  # fmt: skip
+        done = await asyncio.gather(*(self._batch(it) for it in items))
+        tok = self.engines[None].tokenizer
+        prompt_tokens = sum(len(ids) for ids in tok(req["prompts"], add_special_tokens=False)["input_ids"])
+        m = metrics()
+        choices = []
+        for g, _ in done:
+            res = g.result
+            m.inc(m.tokens, res.new_tokens, mode="completion")
+            choices.append({"text": res.text if res.error is None else "",
+                            "finish_reason": "length" if res.finish == "length" else "stop", "error": res.error})  # fmt: skip
+        return {"model": self.model_name, "choices": choices, "prompt_tokens": prompt_tokens,
+                "completion_tokens": sum(g.result.new_tokens for g, _ in done)}  # fmt: skip
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.05)
     async def _batch(self, items: list[_Item]) -> list[tuple[Any, int]]:

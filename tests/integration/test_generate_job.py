@@ -112,3 +112,29 @@ def test_seeded_top_k_is_exact_and_keeps_rows_in_the_cluster(ray_cluster):
         assert sorted(r["doc_id"] for r in seeded_sample_ds(ds, k, 3, "x").take_all()) == sorted(want)
     assert sample_threshold(ds, 3000, 3, "x") == max(row_seed(3, "x", d) for d in ids)
     assert sample_threshold(ds, 3001, 3, "x") is None
+
+
+def test_llm_anonymiser_job_keeps_every_note_and_releases_no_known_value(ray_cluster, tmp_path, shared, capsys):
+    """``ctrlgen anonymize``: the Ray Data job over an extraction output (tiny model; plumbing, counts, the
+    known values kept out by blocking and the redaction fallback)."""
+    import json
+
+    import pyarrow.dataset as pads
+
+    from ctrlgen.cli import main
+
+    overrides = [f"output_dir={tmp_path}", f"corpus.path={shared / 'physionet-deid'}", "anonymizer.num_documents=5",
+                 "anonymizer.rounds=2", "anonymizer.chunk_chars=300", "anonymizer.sampling.max_new_tokens=24",
+                 "anonymizer.attack_max_new_tokens=8", "anonymizer.actor_num_cpus=0.5", "anonymizer.torch_threads=1"]  # fmt: skip
+    assert main(["anonymize", "-c", "configs/generate_tiny.yaml", *overrides]) == 0
+    assert "anonymize: 5 notes ->" in capsys.readouterr().out
+    out = tmp_path / "anonymized"
+    summary = json.loads((out / "_summary.json").read_text())
+    assert summary["notes"] == 5 and sum(summary["by_status"].values()) == 5
+    rows = pads.dataset(out, format="parquet", partitioning="hive").to_table().to_pylist()
+    ext = {r["doc_id"]: r for r in pads.dataset(tmp_path / "extracted" / "status=ok", format="parquet")
+           .to_table(columns=["doc_id", "entities"]).to_pylist()}  # fmt: skip
+    assert len(rows) == 5 and all(r["status"] in ("private", "redacted") for r in rows)
+    for r in rows:
+        values = [e["text"] for e in ext[r["doc_id"]]["entities"]]
+        assert r["text"] and not leaked_values(r["text"], values) and 1 <= r["rounds"] <= 2

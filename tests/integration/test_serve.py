@@ -164,6 +164,38 @@ def test_extract_uses_sent_spans_or_the_unknown_engine(service):
     assert c["status"] == "quarantined" and c["reason"] == "empty document"
 
 
+def test_openai_completions_route_drives_the_llm_anonymiser(service, monkeypatch):
+    """/v1/completions speaks OpenAI's completion API: ctrlgen's own remote engine (the anonymiser's
+    endpoint mode) runs against it, seeds reproduce, and a missing key is an error result, not a hang."""
+    from ctrlgen.anonymize_llm import AnonymizerSettings, llm_anonymize
+    from ctrlgen.config import SamplingConfig
+    from ctrlgen.generation.engine import GenerationRequest
+    from ctrlgen.generation.remote import OpenAICompletionsEngine
+    from ctrlgen.schema import Entity
+
+    status, ans = call(service, "/v1/completions", {"model": "x", "prompt": ["Vital signs", "Pt is"], "max_tokens": 6,
+                                                     "seed": 3, "temperature": 0.7, "user": "ignored"})  # fmt: skip
+    assert status == 200 and ans["object"] == "text_completion" and len(ans["choices"]) == 2
+    assert 0 < ans["usage"]["completion_tokens"] <= 12 and ans["usage"]["prompt_tokens"] > 0
+    assert call(service, "/v1/completions", {"prompt": "x", "stream": True})[0] == 422
+    assert call(service, "/v1/completions", {"prompt": "x", "stop": list("abcde")})[0] == 422
+    monkeypatch.setenv("CTRLGEN_TEST_KEY", service.token)
+    engine = OpenAICompletionsEngine(service.url + "/v1", sampling=SamplingConfig(max_new_tokens=6),
+                                     api_key_env="CTRLGEN_TEST_KEY", timeout_s=60)  # fmt: skip
+    a, b = engine.generate([GenerationRequest("Vital signs", seed=3), GenerationRequest("Vital signs", seed=3)])
+    assert a.error is None and a.text == b.text == ans["choices"][0]["text"].strip()
+    text = "Pt John Smith seen at Mercy Hospital.\nHe is doing well."
+    ents = [Entity(3, 13, "John Smith", "PERSON", "DIRECT", "gold", ""), Entity(22, 36, "Mercy Hospital", "ORG",
+            "DIRECT", "gold", "")]  # fmt: skip
+    [res] = llm_anonymize(engine, [("d0", text, ents)], AnonymizerSettings(rounds=2, max_new_tokens=16,
+                                                                          attack_max_new_tokens=8))  # fmt: skip
+    assert res.status in ("private", "redacted") and res.rounds >= 1 and res.text is not None
+    assert not leaked_values(res.text, ["John Smith", "Mercy Hospital"])
+    unauth = OpenAICompletionsEngine(service.url + "/v1", api_key_env=None, retries=0)
+    out = unauth.generate([GenerationRequest("x", max_new_tokens=2)])[0]
+    assert out.finish == "error" and "HTTP 401" in (out.error or "")
+
+
 def test_sharded_scores_equal_the_whole_corpus_metrics(service):
     from ctrlgen.metrics.leakage import elp_finetune, pipp_finetune
     from ctrlgen.metrics.rouge import RougeIndex
