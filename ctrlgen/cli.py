@@ -245,8 +245,8 @@ def _job(name: str) -> Callable[[CtrlgenConfig, argparse.Namespace], int]:
     return cmd
 
 
-cmd_extract, cmd_generate, cmd_train, cmd_evaluate, cmd_experiment, cmd_synthesize, cmd_anonymize = (
-    _job(n) for n in ("extract", "generate", "train", "evaluate", "experiment", "synthesize", "anonymize")
+cmd_extract, cmd_generate, cmd_train, cmd_evaluate, cmd_experiment, cmd_synthesize, cmd_anonymize, cmd_semantic = (
+    _job(n) for n in ("extract", "generate", "train", "evaluate", "experiment", "synthesize", "anonymize", "semantic")
 )
 
 
@@ -474,6 +474,11 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
         cmd_anonymize,
         "Ray Data job: the LLM anonymiser (rewrite, attack, feed the hits back; METHOD.md 8.3) over an extraction "
         "output with a local model or an OpenAI-compatible endpoint (anonymizer.*); writes <output_dir>/anonymized.",
+    ),
+    "semantic-attack": (
+        cmd_semantic,
+        "Ray Data job: the semantic re-identification attack (METHOD.md 8.2) of a generation output by the real "
+        "records (evaluation.references): correct-linkage rate, lexical and semantic privacy (experiment.semantic_*).",
     ),
     "synthesize": (
         cmd_synthesize,

@@ -184,19 +184,33 @@ def _judge(util: _Utility, texts: list[str]) -> Any:
 
 
 def _semantic(
-    judge: Any, util: _Utility, originals: list[Any], texts: list[str], sources: list[tuple[str, ...]], seed: int
-) -> dict[str, Any]:
-    """The semantic attack (METHOD.md 8.2) of one cell: its outputs vs the real notes they could reveal."""
-    from ctrlgen.metrics.semantic import Record, Released, semantic_attack
+    pending: list[tuple[dict[str, Any], list[Any], list[str], list[tuple[str, ...]]]], util: _Utility, judge: Any,
+    seed: int,
+) -> None:
+    """The semantic attack (METHOD.md 8.2) of every pending cell, in one Ray Data job (one group per cell: its
+    outputs are the released set, the real notes they could reveal the records); fills each cell's columns."""
+    import ray
 
-    if not texts or not originals:
-        return {}
-    released = [Released(f"out{i}", t, s) for i, (t, s) in enumerate(zip(texts, sources, strict=True))]
-    res = semantic_attack([Record(d.doc_id, d.text) for d in originals], released, judge,
-                          k=util.x.semantic_k, seed=seed, retriever=util.x.semantic_retriever,
-                          encoder=util.encoder)  # fmt: skip
-    return {"sem_link": res.linkage_rate if res.linkable else None, "lexical_privacy": res.lexical_privacy,
-            "semantic_privacy": res.semantic_privacy, "sem_attacked": res.attacked, "sem_linkable": res.linkable}  # fmt: skip
+    from ray_jobs.semantic import AttackSettings, attack_groups
+
+    todo = [(str(i), p) for i, p in enumerate(pending) if p[1] and p[2]]
+    if todo:
+        records = ray.data.from_items([{"group": g, "doc_id": d.doc_id, "text": d.text}
+                                       for g, (_, originals, _, _) in todo for d in originals])  # fmt: skip
+        released = {g: ray.data.from_items([{"doc_id": f"out{i}", "text": t, "sources": list(src)}
+                                            for i, (t, src) in enumerate(zip(texts, sources, strict=True))])
+                    for g, (_, _, texts, sources) in todo}  # fmt: skip
+        x = util.x
+        s = AttackSettings(k=x.semantic_k, seed=seed, retriever=x.semantic_retriever, same=judge.same,
+                           partly=judge.partly, embedding_model=util.cfg.nlp.embedding_model,
+                           num_actors=x.eval_actors, actor_num_cpus=0.5)  # fmt: skip
+        results = attack_groups(records, released, s)
+        for g, (cell, *_) in todo:
+            res = results[g]
+            cell.update({"sem_link": res.linkage_rate if res.linkable else None,
+                         "lexical_privacy": res.lexical_privacy, "semantic_privacy": res.semantic_privacy,
+                         "sem_attacked": res.attacked, "sem_linkable": res.linkable})  # fmt: skip
+    pending.clear()
 
 
 def _anonymised_cell(
@@ -206,7 +220,7 @@ def _anonymised_cell(
     seed: int,
     splits: dict[str, dict[str, Path]],
     util: _Utility,
-    judge: Any,
+    pending: list[Any],
 ) -> dict[str, Any]:
     """One (setting, anonymiser, seed) cell: ``num_documents`` seeded test notes, released anonymised.
 
@@ -253,12 +267,13 @@ def _anonymised_cell(
     rows = [r for r in rows if r["status"] == "ok"]
     texts = [r["text"] for r in rows]
     link = linkage_attack([RealRecord(d.doc_id, d.text, d.values) for d in gold.values()], texts, seed)
-    return {"setting": setting, "method": method, "seed": seed, **by_mode[method],
+    cell = {"setting": setting, "method": method, "seed": seed, **by_mode[method],
             "link_values": link.values, "link_any": link.any_value, "link_sentences": link.sentences,
             "link_attacked": link.attacked, "perplexity": util.perplexity(texts, seed) if texts else None,
             "mauve": util.mauve(texts, seed) if len(texts) >= 2 else None,
-            "cls_f1": util.classify(texts, [r["labels"] for r in rows]),
-            **_semantic(judge, util, list(gold.values()), texts, [(r["doc_id"],) for r in rows], seed), **extra}  # fmt: skip
+            "cls_f1": util.classify(texts, [r["labels"] for r in rows]), **extra}  # fmt: skip
+    pending.append((cell, list(gold.values()), texts, [(r["doc_id"],) for r in rows]))
+    return cell
 
 
 def run(cfg: CtrlgenConfig) -> ExperimentSummary:
@@ -372,6 +387,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     # 5-6. Generation and evaluation per (setting, seed).
     util = _Utility(cfg, test_texts, test_labels)
     judge = _judge(util, test_texts)
+    pending: list[tuple[dict[str, Any], list[Any], list[str], list[tuple[str, ...]]]] = []
     cells: list[dict[str, Any]] = []
     baseline_cells: dict[int, dict[str, Any]] = {}
     for seed in x.seeds:
@@ -420,14 +436,13 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                     link = linkage_attack([RealRecord(d.doc_id, d.text, d.values) for d in attacked], texts, seed)
                     # ICL outputs are made from their contexts; what a prefix output was made from is unknown.
                     made_from = [() if ft else tuple(r["context_ids"]) for r in ok]
-                    sem = _semantic(judge, util, attacked, texts, made_from, seed)
                     cell = {"setting": setting, "method": method, "seed": seed, **by_mode[mode],
                             "link_values": link.values, "link_any": link.any_value,
                             "link_sentences": link.sentences, "link_attacked": link.attacked,
                             "perplexity": util.perplexity(texts, seed) if texts else None,
                             "mauve": util.mauve(texts, seed) if len(texts) >= 2 else None,
-                            "cls_f1": util.classify(texts, [_categories(r["fictional_code"]) for r in ok]),
-                            **sem}  # fmt: skip
+                            "cls_f1": util.classify(texts, [_categories(r["fictional_code"]) for r in ok])}  # fmt: skip
+                    pending.append((cell, attacked, texts, made_from))
                     if (setting, method, train_seed) in epsilons:
                         cell["epsilon"] = epsilons[(setting, method, train_seed)]
                     if ft and canaries:
@@ -440,10 +455,12 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                         baseline_cells[seed] = cell
                     cells.append(cell)
             for method in (m for m in x.methods if m in _ANON):  # the real test notes, anonymised
-                cell = _anonymised_cell(cfg, method, setting, seed, splits, util, judge)
+                cell = _anonymised_cell(cfg, method, setting, seed, splits, util, pending)
                 _log(f"{setting} / {method} / seed {seed}: PIPP {cell['pipp']:.3f}, ROUGE-L {cell['rougeL']:.3f}, "
                      f"perplexity {cell['perplexity']}, MAUVE {cell['mauve']}")  # fmt: skip
                 cells.append(cell)
+            _log(f"semantic attack on {len(pending)} cells ({setting}, seed {seed}; one Ray Data job)")
+            _semantic(pending, util, judge, seed)
             if (
                 "baseline" in x.methods
                 and seed in baseline_cells

@@ -43,12 +43,15 @@ from ctrlgen.metrics.rouge import rouge_pair
 __all__ = [
     "Record",
     "Released",
+    "SemanticIndex",
     "SemanticResult",
     "SimilarityJudge",
     "atomize",
+    "attack_records",
     "calibrate",
     "query_claims",
     "semantic_attack",
+    "summarize_attack",
 ]
 
 _SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9])|\n+")
@@ -181,6 +184,91 @@ def calibrate(
     return t_same, t_partly, {"same": float(np.median(s)), "partly": float(np.median(p)), "none": float(np.median(n))}
 
 
+class SemanticIndex:
+    """The released set as the attacker searches it: BM25 over its tokens, or its unit embeddings (dense).
+
+    Built once (the Ray job builds it in a task and shares it with ``ray.put``); holds the released
+    texts because the judge and ROUGE read the linked document.
+    """
+
+    def __init__(
+        self, released: Sequence[Released], retriever: Literal["bm25", "dense"] = "bm25", encoder: Any = None
+    ) -> None:
+        if not released:
+            raise ValueError("the released set is empty")
+        if retriever not in ("bm25", "dense"):
+            raise ValueError(f"retriever must be bm25 or dense, not {retriever!r}")
+        if retriever == "dense" and encoder is None:
+            raise ValueError("dense retrieval needs a sentence encoder")
+        self.retriever = retriever
+        self.ids = [r.doc_id for r in released]
+        self.texts = [r.text for r in released]
+        self.sources = [tuple(r.sources) for r in released]
+        self.made_from: set[str] = {s for r in released for s in r.sources}
+        self.bm25 = BM25([_tokens(t) for t in self.texts]) if retriever == "bm25" else None
+        self.vectors = _unit(encoder, self.texts).astype(np.float32) if retriever == "dense" else None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def link(self, queries: Sequence[str], encoder: Any = None) -> list[int]:
+        """The best released document of each query (dense: embedded in one batch with ``encoder``)."""
+        if not queries:
+            return []
+        if self.vectors is not None:
+            if encoder is None:
+                raise ValueError("dense linking needs the sentence encoder")
+            return (_unit(encoder, queries) @ self.vectors.T).argmax(1).tolist()  # type: ignore[no-any-return]
+        assert self.bm25 is not None
+        return [int(np.argmax(self.bm25.scores(_tokens(q)))) for q in queries]
+
+
+def attack_records(
+    records: Sequence[Record], index: SemanticIndex, judge: Judge, k: int = 3, seed: int = 0, encoder: Any = None
+) -> list[dict[str, Any]]:
+    """One row per record: linked document, whether the link is correct and linkable, privacy scores
+    (``skipped`` True, scores None, for records with ``k`` claims or fewer). Queries are linked in one batch."""
+    rows: list[dict[str, Any]] = []
+    attacked: list[tuple[dict[str, Any], Record, list[str], list[int], str]] = []
+    for rec in records:
+        claims = atomize(rec.text)
+        row: dict[str, Any] = {"doc_id": rec.doc_id, "claims": len(claims), "skipped": len(claims) <= k,
+                               "linked": None, "correct": False, "linkable": False,
+                               "lexical_privacy": None, "semantic_privacy": None}  # fmt: skip
+        rows.append(row)
+        if not row["skipped"]:
+            known, rest = query_claims(claims, k, seed, rec.doc_id)
+            attacked.append((row, rec, claims, rest, " ".join(claims[i] for i in known)))
+    best = index.link([q for *_, q in attacked], encoder)
+    for (row, rec, claims, rest, _), b in zip(attacked, best, strict=True):
+        linked = index.texts[b]
+        verdicts = judge([claims[i] for i in rest], linked)
+        row.update(
+            linked=index.ids[b],
+            correct=rec.doc_id in index.sources[b],
+            linkable=rec.doc_id in index.made_from,
+            lexical_privacy=1.0 - rouge_pair(rec.text, linked)[1],
+            semantic_privacy=float(np.mean([_PRIVACY[v] for v in verdicts])) if verdicts else 1.0,
+        )
+    return rows
+
+
+def summarize_attack(rows: Sequence[dict[str, Any]]) -> SemanticResult:
+    """:class:`SemanticResult` from :func:`attack_records` rows (any order, any partition of the records)."""
+    done = [r for r in rows if not r["skipped"]]
+    res = SemanticResult(
+        attacked=len(done),
+        linkable=sum(bool(r["linkable"]) for r in done),
+        correct_links=sum(bool(r["linkable"] and r["correct"]) for r in done),
+        lexical_privacy=float(np.mean([r["lexical_privacy"] for r in done])) if done else 1.0,
+        semantic_privacy=float(np.mean([r["semantic_privacy"] for r in done])) if done else 1.0,
+        skipped=len(rows) - len(done),
+    )
+    res.per_record = [{k: r[k] for k in ("doc_id", "linked", "correct", "lexical_privacy", "semantic_privacy",
+                                         "claims")} for r in done]  # fmt: skip
+    return res
+
+
 def semantic_attack(
     records: Sequence[Record],
     released: Sequence[Released],
@@ -190,43 +278,7 @@ def semantic_attack(
     retriever: Literal["bm25", "dense"] = "bm25",
     encoder: Any = None,
 ) -> SemanticResult:
-    """Link every record's k known claims to a released document and score what else it reveals."""
-    if not released:
-        raise ValueError("the released set is empty")
-    if retriever == "dense" and encoder is None:
-        raise ValueError("dense retrieval needs a sentence encoder")
-    made_from: set[str] = {s for r in released for s in r.sources}
-    res = SemanticResult(0, 0, 0, 0.0, 0.0, 0)
-    attacked: list[tuple[Record, list[str], list[int], str]] = []  # record, claims, unused claims, query
-    for rec in records:
-        claims = atomize(rec.text)
-        if len(claims) <= k:
-            res.skipped += 1
-            continue
-        known, rest = query_claims(claims, k, seed, rec.doc_id)
-        attacked.append((rec, claims, rest, " ".join(claims[i] for i in known)))
-    if not attacked:
-        best = np.zeros(0, dtype=np.int64)
-    elif retriever == "dense":  # every query embedded in one batch, one matrix product
-        best = (_unit(encoder, [q for *_, q in attacked]) @ _unit(encoder, [r.text for r in released]).T).argmax(1)
-    else:
-        bm = BM25([_tokens(r.text) for r in released])
-        best = np.array([int(np.argmax(bm.scores(_tokens(q)))) for *_, q in attacked], dtype=np.int64)
-    lexical, semantic = [], []
-    for (rec, claims, rest, _), b in zip(attacked, best.tolist(), strict=True):
-        linked = released[b]
-        res.attacked += 1
-        correct = rec.doc_id in linked.sources
-        if rec.doc_id in made_from:
-            res.linkable += 1
-            res.correct_links += int(correct)
-        lex = 1.0 - rouge_pair(rec.text, linked.text)[1]
-        verdicts = judge([claims[i] for i in rest], linked.text)
-        sem = float(np.mean([_PRIVACY[v] for v in verdicts])) if verdicts else 1.0
-        lexical.append(lex)
-        semantic.append(sem)
-        res.per_record.append({"doc_id": rec.doc_id, "linked": linked.doc_id, "correct": correct,
-                               "lexical_privacy": lex, "semantic_privacy": sem, "claims": len(claims)})  # fmt: skip
-    res.lexical_privacy = float(np.mean(lexical)) if lexical else 1.0
-    res.semantic_privacy = float(np.mean(semantic)) if semantic else 1.0
-    return res
+    """Link every record's k known claims to a released document and score what else it reveals (in memory;
+    ``ray_jobs.semantic`` runs the same functions over Ray Data)."""
+    index = SemanticIndex(released, retriever, encoder)
+    return summarize_attack(attack_records(records, index, judge, k, seed, encoder))

