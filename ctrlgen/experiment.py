@@ -2,8 +2,16 @@
 
 ``ray_jobs/experiment.py`` runs the jobs and measures every (setting, method,
 seed) cell; this module turns the cells into mean and 95% confidence interval per
-(setting, method) (Student's t over the seeds, as the paper's "mean and 95% CI over
-3 runs"), a Markdown table and a privacy-utility plot.
+(setting, method), a Markdown table and a privacy-utility plot. Two intervals:
+
+* over seeds (Student's t over the per-seed values, as the paper's "mean and 95% CI over
+  3 runs"), for every metric;
+* by a **stratified bootstrap over outputs** (:func:`bootstrap_ci`) for the metrics a cell
+  records per output or per attacked record (``per_output``: PIPP, PIPP >= 4 characters, semantic and
+  lexical privacy, semantic linkage): each seed's values are resampled with replacement within that
+  seed, the pooled mean is recomputed, 2,000 times; the half-width is half the 2.5-97.5 percentile
+  range. It measures the sampling error of the outputs given the trained models (it does not include
+  training variance when the prefixes are shared by the seeds). Where it exists the table shows it.
 
 Example:
     >>> m, h = mean_ci([1.0, 2.0, 3.0])
@@ -24,6 +32,8 @@ from ctrlgen.generation.icl import row_seed
 __all__ = [
     "METHOD_LABELS",
     "METRICS",
+    "PER_OUTPUT",
+    "bootstrap_ci",
     "mean_ci",
     "patient_of",
     "plot",
@@ -99,23 +109,55 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
     return m, _T975.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
 
 
+#: Metrics a cell may also record per output / attacked record (``cell["per_output"][key]``: a list of values).
+PER_OUTPUT = ("pipp", "pipp_long", "semantic_privacy", "lexical_privacy", "sem_link")
+
+
+def bootstrap_ci(groups: Sequence[Sequence[float]], seed: int = 0, resamples: int = 2000) -> tuple[float, float]:
+    """(pooled mean, 95% half-width) of the values in ``groups`` (one group per seed), by a bootstrap that
+    resamples each group within itself (stratified); half-width NaN with fewer than 2 values."""
+    import numpy as np
+
+    gs = [np.asarray(g, dtype=np.float64) for g in groups if len(g)]
+    n = sum(len(g) for g in gs)
+    if not n:
+        return float("nan"), float("nan")
+    mean = float(sum(g.sum() for g in gs) / n)
+    if n < 2:
+        return mean, float("nan")
+    rng = np.random.default_rng(seed)
+    totals = np.zeros(resamples)
+    for g in gs:
+        totals += g[rng.integers(0, len(g), size=(resamples, len(g)))].sum(axis=1)
+    lo, hi = np.percentile(totals / n, [2.5, 97.5])
+    return mean, float(hi - lo) / 2
+
+
 def summarize(cells: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Cells (``setting``, ``method``, ``seed``, metric values) -> one row per (setting, method).
 
-    Each metric becomes ``{"mean", "ci95", "n"}`` over the seeds that have it.
+    Each metric becomes ``{"mean", "ci95", "n"}`` over the seeds that have it (t interval). A metric the
+    cells also record per output (:data:`PER_OUTPUT`) becomes the pooled mean over outputs with the stratified
+    bootstrap half-width (``"ci": "bootstrap"``, ``n`` = outputs, ``ci95_seeds`` = the t interval over seeds).
     """
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for c in cells:
         groups.setdefault((c["setting"], c["method"]), []).append(c)
     order = list(METHOD_LABELS)
-    out = []
+    out: list[dict[str, Any]] = []
     for (setting, method), cs in sorted(groups.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1]))):
-        row: dict[str, Any] = {"setting": setting, "method": method, "seeds": sorted(c["seed"] for c in cs)}
+        row: dict[str, Any] = {"setting": setting, "method": method, "seeds": sorted(c["seed"] for c in cs),
+                               "outputs": int(sum(c.get("outputs") or 0 for c in cs))}  # fmt: skip
         for key, *_ in METRICS:
             vals = [float(c[key]) for c in cs if c.get(key) is not None]
             if vals:
                 m, h = mean_ci(vals)
                 row[key] = {"mean": m, "ci95": h, "n": len(vals)}
+            per_seed = [c["per_output"][key] for c in cs if key in (c.get("per_output") or {})]
+            if key in PER_OUTPUT and any(per_seed):
+                bm, bh = bootstrap_ci(per_seed, seed=len(out))
+                row[key] = {"mean": bm, "ci95": bh, "n": sum(len(g) for g in per_seed), "ci": "bootstrap",
+                            "ci95_seeds": h if vals else float("nan")}  # fmt: skip
         out.append(row)
     return out
 
@@ -128,47 +170,59 @@ def _fmt(v: Mapping[str, float] | None, scale: float, dec: int) -> str:
 
 
 def table(summary: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown: one row per (setting, method), mean ± 95% CI half-width per metric."""
-    head = "| setting | method | " + " | ".join(h for _, h, _, _ in METRICS) + " |"
-    lines = [head, "|" + "---|" * (2 + len(METRICS))]
+    """Markdown: one row per (setting, method), outputs pooled over seeds, mean ± 95% CI half-width per metric
+    (bootstrap over outputs where recorded, marked †; else t over seeds)."""
+    head = "| setting | method | outputs | " + " | ".join(h for _, h, _, _ in METRICS) + " |"
+    lines = [head, "|" + "---|" * (3 + len(METRICS))]
     for r in summary:
-        cells = [_fmt(r.get(k), s, d) for k, _, s, d in METRICS]
-        lines.append(f"| {r['setting']} | {METHOD_LABELS.get(r['method'], r['method'])} | " + " | ".join(cells) + " |")
+        cells = [_fmt(r.get(k), s, d) + (" †" if (r.get(k) or {}).get("ci") == "bootstrap" else "")
+                 for k, _, s, d in METRICS]  # fmt: skip
+        label = METHOD_LABELS.get(r["method"], r["method"])
+        lines.append(f"| {r['setting']} | {label} | {r.get('outputs') or '–'} | " + " | ".join(cells) + " |")
+    lines += ["", "± is the 95% CI half-width: † stratified bootstrap over the outputs (or attacked records) pooled "
+              "over seeds (ctrlgen.experiment.bootstrap_ci), otherwise Student's t over the seeds."]  # fmt: skip
     return "\n".join(lines)
 
 
 def plot(summary: Sequence[Mapping[str, Any]], path: str | Path) -> None:
-    """Privacy (PIPP %) vs utility (perplexity; MAUVE) per method and setting, with 95% CIs."""
+    """Every method on (privacy, utility) axes with 95% CIs: privacy as PIPP % (surface) and as semantic privacy
+    (the semantic attack), utility as downstream perplexity and MAUVE; a 2 x 2 grid."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8.5))
     markers = {"known": "o", "unknown": "s"}
-    colors = dict(zip(METHOD_LABELS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
-    for ax, (key, label) in zip(axes, (("perplexity", "downstream perplexity (lower = more useful)"),
-                                       ("mauve", "MAUVE (higher = closer to real)")), strict=True):  # fmt: skip
-        for r in summary:
-            if r["setting"] == "reference" and key in r:  # real notes / base model: utility without privacy
-                ax.axhline(r[key]["mean"], color="grey", ls="--" if r["method"] == "real" else ":", lw=1,
-                           label=METHOD_LABELS.get(r["method"], r["method"]))  # fmt: skip
-            if "pipp" not in r or key not in r:
-                continue
-            x, y = r["pipp"], r[key]
-            ax.errorbar(
-                100 * x["mean"], y["mean"],
-                xerr=None if math.isnan(x["ci95"]) else 100 * x["ci95"],
-                yerr=None if math.isnan(y["ci95"]) else y["ci95"],
-                fmt=markers.get(r["setting"], "o"), color=colors.get(r["method"]), capsize=3,
-                label=f"{METHOD_LABELS.get(r['method'], r['method'])} ({r['setting']})",
-            )  # fmt: skip
-        ax.set_xlabel("PIPP % (lower = more private)")
-        ax.set_xlim(left=-5)
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
-    fig.tight_layout(rect=(0, 0.16, 1, 1))
+    colors = dict(zip(METHOD_LABELS, plt.cm.tab20.colors, strict=False))  # type: ignore[attr-defined]
+    privacy = (("pipp", 100.0, "PIPP % (lower = more private)"),
+               ("semantic_privacy", 1.0, "semantic privacy (higher = more private)"))  # fmt: skip
+    utility = (("perplexity", "downstream perplexity (lower = more useful)"),
+               ("mauve", "MAUVE (higher = closer to real)"))  # fmt: skip
+    for (px, scale, xlabel), row_axes in zip(privacy, axes, strict=True):
+        for (key, ylabel), ax in zip(utility, row_axes, strict=True):
+            for r in summary:
+                if r["setting"] == "reference" and key in r:  # real notes / base model: utility without privacy
+                    ax.axhline(r[key]["mean"], color="grey", ls="--" if r["method"] == "real" else ":", lw=1,
+                               label=METHOD_LABELS.get(r["method"], r["method"]))  # fmt: skip
+                if px not in r or key not in r:
+                    continue
+                x, y = r[px], r[key]
+                ax.errorbar(
+                    scale * x["mean"], y["mean"],
+                    xerr=None if math.isnan(x["ci95"]) else scale * x["ci95"],
+                    yerr=None if math.isnan(y["ci95"]) else y["ci95"],
+                    fmt=markers.get(r["setting"], "o"), color=colors.get(r["method"]), capsize=3,
+                    label=f"{METHOD_LABELS.get(r['method'], r['method'])} ({r['setting']})",
+                )  # fmt: skip
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+    seen: dict[str, Any] = {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(lab, h)
+    fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0.2, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -204,13 +204,31 @@ def _semantic(
         s = AttackSettings(k=x.semantic_k, seed=seed, retriever=x.semantic_retriever, same=judge.same,
                            partly=judge.partly, embedding_model=util.cfg.nlp.embedding_model,
                            num_actors=x.eval_actors, actor_num_cpus=0.5)  # fmt: skip
-        results = attack_groups(records, released, s)
+        results = attack_groups(records, released, s, keep_scores=True)
         for g, (cell, *_) in todo:
             res = results[g]
             cell.update({"sem_link": res.linkage_rate if res.linkable else None,
                          "lexical_privacy": res.lexical_privacy, "semantic_privacy": res.semantic_privacy,
                          "sem_attacked": res.attacked, "sem_linkable": res.linkable})  # fmt: skip
+            per = cell.setdefault("per_output", {})  # per attacked record, for the bootstrap intervals
+            per["semantic_privacy"] = [r["semantic_privacy"] for r in res.per_record]
+            per["lexical_privacy"] = [r["lexical_privacy"] for r in res.per_record]
+            per["sem_link"] = [float(r["correct"]) for r in res.per_record if r["linkable"]]
     pending.clear()
+
+
+def _per_output(records: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """mode -> PIPP and PIPP >= 4 characters of each scored output (evaluation records), for the bootstrap."""
+    from ctrlgen.metrics.evaluate import record_terms
+
+    out: dict[str, dict[str, list[float]]] = {}
+    for r in records:
+        if r["status"] == "ok":
+            t = record_terms(r)
+            d = out.setdefault(str(r["mode"]), {"pipp": [], "pipp_long": []})
+            d["pipp"].append(t["pipp"])
+            d["pipp_long"].append(t["pipp_long"])
+    return out
 
 
 def _anonymised_cell(
@@ -263,7 +281,9 @@ def _anonymised_cell(
             text = anonymize(r["text"], ents, _ANON[method], gen, doc_id).text  # type: ignore[arg-type]
         rows.append({"doc_id": doc_id, "mode": method, "status": "ok" if text is not None else "withheld",
                      "text": text or "", "context_ids": [doc_id], "labels": {e.category for e in ents}})  # fmt: skip
-    by_mode = aggregate(Evaluator(gold).table(rows).to_pylist(), 0)
+    records = Evaluator(gold).table(rows).to_pylist()
+    by_mode = aggregate(records, 0)
+    extra["per_output"] = _per_output(records).get(method, {})
     rows = [r for r in rows if r["status"] == "ok"]
     texts = [r["text"] for r in rows]
     link = linkage_attack([RealRecord(d.doc_id, d.text, d.values) for d in gold.values()], texts, seed)
@@ -423,8 +443,11 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                 if shards is not None:
                     by_mode = evaluate(_generated_dataset(str(gen_dir / "generated")), shards,
                                        str(gen_dir / "evaluation"), num_actors=x.eval_actors)  # fmt: skip
+                    per_output = _per_output(ray.data.read_parquet(str(gen_dir / "evaluation")).take_all())
                 else:
-                    by_mode = aggregate(evaluators[ft].table(rows).to_pylist(), n_ft_values if ft else 0)
+                    records = evaluators[ft].table(rows).to_pylist()
+                    by_mode = aggregate(records, n_ft_values if ft else 0)
+                    per_output = _per_output(records)
                 for mode in sorted({r["mode"] for r in rows}):
                     method = modes[0] if ft else mode
                     ok = [r for r in rows if r["mode"] == mode and r["status"] == "ok"]
@@ -441,7 +464,8 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                             "link_sentences": link.sentences, "link_attacked": link.attacked,
                             "perplexity": util.perplexity(texts, seed) if texts else None,
                             "mauve": util.mauve(texts, seed) if len(texts) >= 2 else None,
-                            "cls_f1": util.classify(texts, [_categories(r["fictional_code"]) for r in ok])}  # fmt: skip
+                            "cls_f1": util.classify(texts, [_categories(r["fictional_code"]) for r in ok]),
+                            "per_output": dict(per_output.get(mode, {}))}  # fmt: skip
                     pending.append((cell, attacked, texts, made_from))
                     if (setting, method, train_seed) in epsilons:
                         cell["epsilon"] = epsilons[(setting, method, train_seed)]

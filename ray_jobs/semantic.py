@@ -113,11 +113,14 @@ class AttackActor:
         return pa.Table.from_pylist(out, schema=_ROWS)
 
 
-def _sums(batch: pa.Table) -> pa.Table:
-    """map_batches: per group, the counts and sums a :class:`SemanticResult` is made of."""
+def _sums(batch: pa.Table, keep: bool = False) -> pa.Table:
+    """map_batches: per group, the counts and sums a :class:`SemanticResult` is made of (``keep``: and each
+    attacked record's scores, for per-record confidence intervals)."""
     acc: dict[str, list[float]] = {}
+    kept: dict[str, list[dict[str, Any]]] = {}
     for r in batch.to_pylist():
         a = acc.setdefault(r["group"], [0, 0, 0, 0, 0.0, 0.0])  # records, attacked, linkable, correct, lex, sem
+        kept.setdefault(r["group"], [])
         a[0] += 1
         if not r["skipped"]:
             a[1] += 1
@@ -125,12 +128,22 @@ def _sums(batch: pa.Table) -> pa.Table:
             a[3] += int(r["linkable"] and r["correct"])
             a[4] += r["lexical_privacy"]
             a[5] += r["semantic_privacy"]
-    return pa.table({"group": list(acc), "sums": [json.dumps(v) for v in acc.values()]})
+            if keep:
+                kept[r["group"]].append({k: r[k] for k in ("doc_id", "linkable", "correct", "lexical_privacy",
+                                                           "semantic_privacy")})  # fmt: skip
+    return pa.table({"group": list(acc), "sums": [json.dumps(v) for v in acc.values()],
+                     "kept": [json.dumps(kept[g]) for g in acc]})  # fmt: skip
 
 
-def attack_groups(records: Any, released: Mapping[str, Any], s: AttackSettings) -> dict[str, SemanticResult]:
+def attack_groups(
+    records: Any, released: Mapping[str, Any], s: AttackSettings, keep_scores: bool = False
+) -> dict[str, SemanticResult]:
     """Attack every group's records (``records``: a dataset of ``group``, ``doc_id``, ``text``) against
-    that group's released dataset; one :class:`SemanticResult` per group (without per-record rows)."""
+    that group's released dataset; one :class:`SemanticResult` per group, with per-record rows (doc_id,
+    linkable, correct, lexical and semantic privacy of each attacked record) only when ``keep_scores``
+    (they travel to the driver: for samples, not corpora)."""
+    import functools
+
     import ray
     from ray.data import ActorPoolStrategy
 
@@ -145,10 +158,13 @@ def attack_groups(records: Any, released: Mapping[str, Any], s: AttackSettings) 
         num_cpus=s.actor_num_cpus,
     )
     totals: dict[str, list[float]] = {}
-    for row in scored.map_batches(_sums, batch_format="pyarrow", batch_size=None).take_all():
+    kept: dict[str, list[dict[str, Any]]] = {}
+    sums = functools.partial(_sums, keep=keep_scores)
+    for row in scored.map_batches(sums, batch_format="pyarrow", batch_size=None).take_all():
         t = totals.setdefault(row["group"], [0, 0, 0, 0, 0.0, 0.0])
         for i, v in enumerate(json.loads(row["sums"])):
             t[i] += v
+        kept.setdefault(row["group"], []).extend(json.loads(row["kept"]))
     out = {}
     for g in released:
         n, att, linkable, correct, lex, sem = totals.get(g, [0, 0, 0, 0, 0.0, 0.0])
@@ -160,6 +176,7 @@ def attack_groups(records: Any, released: Mapping[str, Any], s: AttackSettings) 
             semantic_privacy=sem / att if att else 1.0,
             skipped=int(n - att),
         )
+        out[g].per_record = sorted(kept.get(g, []), key=lambda r: r["doc_id"])
     return out
 
 

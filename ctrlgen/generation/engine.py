@@ -140,6 +140,11 @@ class HFEngine:
     tokenizer: Any
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     batch_size: int = 8
+    #: Rows of a batch with the same prompt (ICL with and without blocking for one target, n outputs of one
+    #: request) share one prefill: the prompt's keys/values are computed once and copied to each row.
+    share_prefill: bool = True
+    #: transformers' ``cache_implementation`` for ``generate`` (None: its dynamic cache; "static": preallocated).
+    cache_implementation: str | None = None
 
     def __post_init__(self) -> None:
         self.tokenizer.padding_side = "left"
@@ -171,12 +176,21 @@ class HFEngine:
                 )
             else:
                 todo.append(i)
-        todo.sort(key=lambda i: lengths[i])
+        todo.sort(key=lambda i: (lengths[i], requests[i].prompt))  # same prompts side by side: one prefill
         for start in range(0, len(todo), self.batch_size):
             idx = todo[start : start + self.batch_size]
             for i, res in zip(idx, self._generate_batch([requests[i] for i in idx]), strict=True):
                 results[i] = res
         return [r for r in results if r is not None]
+
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> Any:
+        """The keys/values of each distinct prompt but its last token (positions as ``generate`` computes them
+        from the attention mask), copied to the batch rows that use it; ``generate`` then feeds only the last
+        prompt token before sampling."""
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        cache = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True).past_key_values
+        cache.batch_select_indices(rows)
+        return cache
 
     @torch.inference_mode()
     def _generate_batch(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]:
@@ -185,7 +199,15 @@ class HFEngine:
         t0 = time.perf_counter()
         tok = self.tokenizer
         device = self.model.device
-        enc = tok([r.prompt for r in batch], return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        prompts = [r.prompt for r in batch]
+        distinct = list(dict.fromkeys(prompts))
+        enc = tok(distinct, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        extra: dict[str, Any] = {}
+        if len(distinct) < len(batch):
+            rows = torch.tensor([distinct.index(p) for p in prompts], device=device)
+            if self.share_prefill and enc["input_ids"].shape[1] > 1:
+                extra["past_key_values"] = self._prefill(enc["input_ids"][:, :-1], enc["attention_mask"][:, :-1], rows)
+            enc = {k: v.index_select(0, rows) for k, v in enc.items()}
         vocab = int(self.model.get_output_embeddings().weight.shape[0])
         processors: list[Any] = []
         if any(r.banned for r in batch):
@@ -200,6 +222,7 @@ class HFEngine:
             pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
             stop_strings=stops or None,
+            cache_implementation=self.cache_implementation if "past_key_values" not in extra else None,
         )
         criteria = StoppingCriteriaList()
         if len(set(limits)) > 1:
@@ -210,6 +233,7 @@ class HFEngine:
             logits_processor=LogitsProcessorList(processors),
             stopping_criteria=criteria,
             tokenizer=tok if stops else None,
+            **extra,
         )
         new = out[:, enc["input_ids"].shape[1] :]  # [batch, new]
         seconds = (time.perf_counter() - t0) / len(batch)

@@ -66,7 +66,35 @@ def test_summarize_table_and_plot(tmp_path) -> None:
     assert icl["pipp"]["mean"] == pytest.approx(0.2) and icl["pipp"]["n"] == 3
     assert "mauve" not in summary[0]
     md = table(summary)
-    assert "| known | ICL | 20.0 ± 24.8 |" in md  # percent, t-interval over 3 seeds
-    assert "| known | Baseline (ICL, no codes) | 50.0 |" in md  # one seed: no interval
+    assert "| known | ICL | – | 20.0 ± 24.8 |" in md  # percent, t-interval over 3 seeds (no outputs recorded)
+    assert "| known | Baseline (ICL, no codes) | – | 50.0 |" in md  # one seed: no interval
     plot(summary, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bootstrap_ci_matches_the_binomial_interval_and_pools_seeds():
+    import random
+
+    from ctrlgen.experiment import bootstrap_ci
+
+    rng = random.Random(0)
+    groups = [[float(rng.random() < 0.3) for _ in range(32)] for _ in range(3)]  # 96 outputs, 3 seeds
+    m, h = bootstrap_ci(groups, seed=1)
+    p = sum(map(sum, groups)) / 96
+    assert m == pytest.approx(p) and h == pytest.approx(1.96 * (p * (1 - p) / 96) ** 0.5, rel=0.15)
+    assert h <= 0.10  # 96 outputs bound a proportion's half-width by 10 points
+    assert bootstrap_ci([[1.0] * 10, [1.0] * 5]) == (1.0, 0.0)
+    assert bootstrap_ci([[0.5]])[0] == 0.5 and bootstrap_ci([[]])[0] != bootstrap_ci([[]])[0]  # NaN when empty
+    assert bootstrap_ci(groups, seed=1) == (m, h)  # seeded
+
+
+def test_summary_uses_the_bootstrap_where_outputs_are_recorded():
+    from ctrlgen.experiment import summarize, table
+
+    cells = [{"setting": "known", "method": "icl", "seed": s, "outputs": 4, "pipp": sum(v) / 4, "mauve": 0.5 + s / 10,
+              "per_output": {"pipp": v}} for s, v in enumerate([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])]  # fmt: skip
+    [row] = summarize(cells)
+    assert row["outputs"] == 8 and row["pipp"]["ci"] == "bootstrap" and row["pipp"]["n"] == 8
+    assert row["pipp"]["mean"] == pytest.approx(3 / 8) and row["mauve"]["n"] == 2 and "ci" not in row["mauve"]
+    md = table([row])
+    assert "| known | ICL | 8 | 37.5 ± " in md and "† stratified bootstrap" in md

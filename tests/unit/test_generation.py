@@ -43,6 +43,27 @@ def test_output_does_not_depend_on_batch_companions(tiny: tuple[object, object])
     assert [r.text for r in together] == [r.text for r in alone]
 
 
+def test_rows_with_one_prompt_share_its_prefill_and_get_their_own_outputs(tiny: tuple[object, object]) -> None:
+    """Same prompt, different seeds and banned lists (ICL with and without blocking for one target): the engine
+    computes the prompt's keys/values once; each row's output equals the row generated alone."""
+    model, tok = tiny
+    banned = tuple(tuple(s) for s in banned_sequences(tok, ["the", "patient"]))
+    reqs = [GenerationRequest(PROMPTS[0], seed=3), GenerationRequest(PROMPTS[1], seed=4),
+            GenerationRequest(PROMPTS[0], banned=banned, seed=5), GenerationRequest(PROMPTS[0], seed=3)]  # fmt: skip
+    calls = []
+    shared = engine(tiny)
+    orig = shared._prefill
+    shared._prefill = lambda ids, mask, rows: calls.append((ids.shape[0], rows.tolist())) or orig(ids, mask, rows)
+    together = shared.generate(reqs)
+    assert len(calls) == 1 and calls[0][0] == 2  # 2 distinct prompts prefilled for 4 rows
+    assert sorted(calls[0][1].count(i) for i in set(calls[0][1])) == [1, 3]
+    alone = [engine(tiny).generate([r])[0] for r in reqs]
+    unshared = HFEngine(model, tok, SamplingConfig(max_new_tokens=16), batch_size=4, share_prefill=False).generate(reqs)
+    assert [r.text for r in together] == [r.text for r in alone] == [r.text for r in unshared]
+    assert together[0].text == together[3].text and together[0].text != together[2].text
+    assert not leaked_values(together[2].text, ["the", "patient"])
+
+
 def test_results_come_back_in_request_order(tiny: tuple[object, object]) -> None:
     eng = engine(tiny, temperature=0.0)
     reqs = [GenerationRequest(p) for p in reversed(PROMPTS)]
