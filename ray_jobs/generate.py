@@ -82,7 +82,8 @@ class GenerateActor:
         g = self.cfg.generation
         if g.torch_threads:
             torch.set_num_threads(g.torch_threads)
-        model, self.tokenizer = load_causal_lm(self.cfg.model)
+        model_cfg = self.cfg.model if g.dtype is None else self.cfg.model.model_copy(update={"dtype": g.dtype})
+        model, self.tokenizer = load_causal_lm(model_cfg)
         self.engine = HFEngine(model, self.tokenizer, g.sampling, g.batch_size)
         self.prefix_engine = None
         if adapter is not None:

@@ -151,6 +151,10 @@ class HFEngine:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        if getattr(self.model, "peft_config", None):
+            # PEFT prompt learning puts its virtual tokens into the cache inside its own generate(): a cache
+            # prefilled here would hold them too and shift every position, so a prefix model prefills per row.
+            self.share_prefill = False
 
     def limit(self, request: GenerationRequest) -> int:
         """New tokens allowed for ``request``."""

@@ -157,6 +157,11 @@ def test_generation_applies_the_prefix(trained, tmp_path):
     assert out_tuned != out_base
     # Wrapping the base model for the prefix mode leaves the base model's own outputs unchanged.
     assert out_base == [r.text for r in HFEngine(tiny_llama(seed=3)[0], tok, sampling, 2).generate(reqs)]
+    # One prompt twice in a batch (n outputs of one request): a prefix model prefills per row (PEFT puts
+    # its virtual tokens into the cache itself), and each row equals its output alone.
+    assert not tuned.share_prefill and plain.share_prefill
+    twice = [GenerationRequest(prefix_prompt(DOCS[0][0]), seed=s) for s in (5, 6)]
+    assert [r.text for r in tuned.generate(twice)] == [tuned.generate([r])[0].text for r in twice]
 
 
 class _Echo:
