@@ -393,6 +393,17 @@ class DPConfig(_Model):
     )
 
 
+class LoraConfig(_Model):
+    """LoRA for ``training.adapter: lora`` (PEFT's LoraConfig)."""
+
+    r: int = Field(8, ge=1, description="Rank of the update matrices.")
+    alpha: int = Field(16, ge=1, description="Scaling (alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"], min_length=1, description="Module names LoRA wraps."
+    )
+
+
 class TrainingConfig(_Model):
     """Prefix tuning with the privacy-masked loss (METHOD.md section 5) on Ray Train + DeepSpeed."""
 
@@ -412,6 +423,13 @@ class TrainingConfig(_Model):
     reduction: Literal["mean", "sum"] = Field(
         "mean", description="mean: every term divided by the batch's output tokens; sum: the formula as written."
     )
+    adapter: Literal["prefix", "lora"] = Field(
+        "prefix",
+        description="The PEFT parameters trained: a prefix (the paper's method) or LoRA on `lora.target_modules` "
+        "(any variant; under dp the LoRA matrices get per-example clipping and noise). Generation mode 'prefix' "
+        "loads either kind.",
+    )
+    lora: LoraConfig = Field(default_factory=lambda: LoraConfig())
     num_virtual_tokens: int = Field(20, ge=1, description="Prefix length (paper: 20).")
     prefix_init: Literal["text", "random"] = Field(
         "text",

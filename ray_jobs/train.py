@@ -149,7 +149,7 @@ def _worker(config: dict[str, Any]) -> _Worker:
     import torch
 
     from ctrlgen.models import load_causal_lm
-    from ctrlgen.training.prefix import init_prefix_from_text, prefix_model
+    from ctrlgen.training.prefix import adapter_model
 
     cfg = CtrlgenConfig.model_validate_json(config["cfg_json"])
     t = cfg.training
@@ -160,9 +160,7 @@ def _worker(config: dict[str, Any]) -> _Worker:
     # Ray Train's device for this worker: its GPU with use_gpu (NCCL), else the CPU (gloo).
     device = ray.train.torch.get_device()
     base, tok = load_causal_lm(cfg.model, device=device)
-    model = prefix_model(base, t.num_virtual_tokens)
-    if t.prefix_init == "text":
-        init_prefix_from_text(model, tok)
+    model = adapter_model(base, t, tok)  # a prefix (text-initialised) or LoRA
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay)

@@ -151,7 +151,8 @@ class HFEngine:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
-        if getattr(self.model, "peft_config", None):
+        peft = getattr(self.model, "active_peft_config", None)
+        if peft is not None and getattr(peft, "is_prompt_learning", False):
             # PEFT prompt learning puts its virtual tokens into the cache inside its own generate(): a cache
             # prefilled here would hold them too and shift every position, so a prefix model prefills per row.
             self.share_prefill = False

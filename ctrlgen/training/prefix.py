@@ -24,10 +24,12 @@ from ctrlgen.training.loss import LossTerms, LossWeights, masked_prefix_loss
 
 __all__ = [
     "PREFIX_INIT_TEXT",
+    "adapter_model",
     "base_output_logits",
     "batch_loss",
     "init_prefix_from_text",
     "load_prefix_model",
+    "lora_model",
     "loss_weights",
     "prefix_model",
 ]
@@ -46,6 +48,28 @@ def prefix_model(model: Any, num_virtual_tokens: int = 20) -> Any:
 
     cfg = PrefixTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=num_virtual_tokens)
     return get_peft_model(model, cfg)
+
+
+def lora_model(model: Any, r: int = 8, alpha: int = 16, dropout: float = 0.0,
+               target_modules: list[str] | None = None) -> Any:  # fmt: skip
+    """``get_peft_model`` with LoRA on ``target_modules`` (default q_proj, v_proj); the base weights are frozen."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    cfg = LoraConfig(task_type=TaskType.CAUSAL_LM, r=r, lora_alpha=alpha, lora_dropout=dropout,
+                     target_modules=target_modules or ["q_proj", "v_proj"])  # fmt: skip
+    return get_peft_model(model, cfg)
+
+
+def adapter_model(model: Any, cfg: TrainingConfig, tokenizer: Any = None) -> Any:
+    """The PEFT model ``training.adapter`` asks for: a prefix (initialised from text with ``prefix_init:
+    text`` and a tokenizer) or LoRA (``training.lora``)."""
+    if cfg.adapter == "lora":
+        lc = cfg.lora
+        return lora_model(model, lc.r, lc.alpha, lc.dropout, list(lc.target_modules))
+    peft = prefix_model(model, cfg.num_virtual_tokens)
+    if cfg.prefix_init == "text" and tokenizer is not None:
+        init_prefix_from_text(peft, tokenizer)
+    return peft
 
 
 @torch.no_grad()
@@ -72,7 +96,7 @@ def init_prefix_from_text(peft_model: Any, tokenizer: Any, text: str = PREFIX_IN
 
 
 def load_prefix_model(model: Any, adapter_dir: str) -> Any:
-    """A saved adapter (standard PEFT format) on top of ``model``, ready for ``generate``."""
+    """A saved adapter (standard PEFT format: a prefix, or LoRA) on top of ``model``, ready for ``generate``."""
     from peft import PeftModel
 
     pm = PeftModel.from_pretrained(model, adapter_dir)

@@ -180,6 +180,25 @@ def test_dp_sgd_adds_one_noise_draw_per_logical_batch_on_one_or_two_workers(ray_
     # The two workers drew one Poisson sample of the same examples: the batch sizes differ from 1 worker's
     # draw (other seeds per rank) but both are binomial around 8.
     assert all(0 < h["examples"] <= 20 for h in _history(two) + _history(one))
+    # LoRA instead of the prefix (training.adapter=lora): its matrices get the same clipping and one noise
+    # draw per logical batch; the adapter is a standard PEFT LoRA adapter the prefix mode can load.
+    lora = tmp_path / "lora"
+    assert main(["train", "-c", CONFIG, *common, f"output_dir={lora}", f"training.input={two / 'extracted'}",
+                 "training.adapter=lora"]) == 0  # fmt: skip
+    assert json.loads((lora / "adapter" / "adapter_config.json").read_text())["peft_type"] == "LORA"
+    assert json.loads((lora / "adapter" / "privacy.json").read_text())["noise_multiplier"] == p2["noise_multiplier"]
+    for h in _history(lora):
+        assert h["noise_std"] == pytest.approx(sigma_c, rel=0.12) and h["clipped_share"] == 1.0
+    from ctrlgen.config import SamplingConfig, load_config
+    from ctrlgen.generation import GenerationRequest, HFEngine
+    from ctrlgen.models import load_causal_lm
+    from ctrlgen.training.prefix import load_prefix_model
+
+    base, tok = load_causal_lm(load_config(CONFIG).model)
+    out = HFEngine(load_prefix_model(base, str(lora / "adapter")), tok, SamplingConfig(max_new_tokens=4)).generate(
+        [GenerationRequest("Control code:\nPERSON: Ann Lee\nDocument:\n", seed=1)] * 2
+    )
+    assert all(r.error is None and r.new_tokens == 4 for r in out)
 
 
 def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluster, tmp_path, shared):

@@ -125,6 +125,43 @@ def test_per_example_gradients_are_clipped_to_c_and_summed() -> None:
     assert torch.allclose(params[0].grad, params[0].summed_grad / 4.0)
 
 
+def test_lora_per_example_gradients_are_clipped_jointly_over_its_matrices() -> None:
+    """training.adapter: lora under DP: Opacus' per-example gradients of every LoRA matrix, clipped by their
+    joint norm, summed: the same as each example's own gradient clipped by hand."""
+    from ctrlgen.config import TrainingConfig
+    from ctrlgen.training.prefix import adapter_model
+
+    torch.manual_seed(0)
+    model = adapter_model(tiny_llama()[0], TrainingConfig(adapter="lora", lora={"r": 4}))
+    with torch.no_grad():  # B starts at zero (A would get no gradient): give both a gradient
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.05)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    assert named and all("lora_" in n for n, _ in named)
+    params = [p for _, p in named]
+    ids, att, labels = _batch()
+    c = 1e-3
+    clipped = []
+    for i in range(len(ids)):
+        model.zero_grad()
+        per_example_lm_loss(model(input_ids=ids[i : i + 1], attention_mask=att[i : i + 1]).logits,
+                            labels[i : i + 1]).sum().backward()  # fmt: skip
+        gs = [p.grad.detach().clone() for p in params]
+        norm = float(torch.cat([g.flatten() for g in gs]).norm())
+        assert norm > c
+        clipped.append([g * min(1.0, c / norm) for g in gs])
+    model.zero_grad()
+    plan = dp_plan(100, 1, 4, 1, None, c, 1e-5, None, 0.0)
+    plan = type(plan)(**{**plan.__dict__, "logical_batch": 4.0})
+    gsm, opt = make_private(model, torch.optim.SGD(params, lr=0.0), plan, distributed=False)
+    per_example_lm_loss(gsm(input_ids=ids, attention_mask=att).logits, labels).mean().backward()
+    assert all(p.grad_sample.shape[0] == len(ids) for p in params)
+    opt.step()
+    for j, p in enumerate(params):
+        assert torch.allclose(p.summed_grad, sum(ex[j] for ex in clipped), rtol=1e-3, atol=1e-10), named[j][0]
+
+
 def test_an_examples_loss_does_not_depend_on_its_batch_companions() -> None:
     model = prefix_model(tiny_llama()[0], 5)
     ids, att, labels = _batch()
