@@ -146,9 +146,12 @@ class _Utility:
         return mauve_score(text_features(self.encoder, texts), self.q, seed=seed)
 
 
-def _exposures(cfg: CtrlgenConfig, adapter: str | None, canaries: list[Any]) -> list[dict[str, Any]]:
-    """Exposure and rank of every canary under the adapter's model (None: the base model)."""
-    from ctrlgen.metrics.canary import exposure
+def _exposures(
+    cfg: CtrlgenConfig, adapter: str | None, canaries: list[Any], hosts: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Exposure and rank of every canary under the adapter's model (None: the base model), each candidate
+    scored after the control-code prompt of the canary's host without the secret (:func:`canary_prompt`)."""
+    from ctrlgen.metrics.canary import canary_prompt, exposure
     from ctrlgen.metrics.utility import sequence_nll
     from ctrlgen.models import load_causal_lm
     from ctrlgen.training.prefix import load_prefix_model
@@ -157,11 +160,14 @@ def _exposures(cfg: CtrlgenConfig, adapter: str | None, canaries: list[Any]) -> 
     if adapter is not None:
         model = load_prefix_model(model, adapter)
 
-    def nll(texts: list[str]) -> list[float]:
-        return [n for n, _ in sequence_nll(model, tok, texts, max_tokens=64, batch_size=64)]
-
     out = []
     for c in canaries:
+        prompt = canary_prompt(hosts, c)
+
+        def nll(texts: list[str], prompt: str = prompt) -> list[float]:
+            scored = sequence_nll(model, tok, texts, max_tokens=512, batch_size=32, prompts=[prompt] * len(texts))
+            return [n for n, _ in scored]
+
         e, rank = exposure(c, nll, cfg.experiment.canary_candidates, seed=cfg.experiment.split_seed)
         out.append({"secret_repeats": c.repeats, "exposure": e, "rank": rank})
     return out
@@ -349,6 +355,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     prefix_methods = [m for m in x.methods if m in _VARIANT]
     canaries = make_canaries(x.canaries, x.split_seed, x.canary_repeats) if prefix_methods else []
     ft_dirs: dict[str, Path] = {}
+    planted: dict[str, list[dict[str, Any]]] = {}  # the fine-tuning rows (canaries planted) per setting
     real_ft: dict[str, RealDoc] = {}
     if prefix_methods:
         elig = ray.data.read_parquet(str(splits["known"]["train"])).select_columns(_DOC_COLUMNS)
@@ -356,11 +363,13 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                                                      x.finetune_documents, x.split_seed, "finetune", ["doc_id"])}  # fmt: skip
         planted_known = insert_canaries([r for r in known_train if r["doc_id"] in ft_ids], canaries, x.split_seed)
         real_ft = {r["doc_id"]: RealDoc.from_row(r) for r in planted_known}
+        planted["known"] = planted_known
         for setting in settings:
             rows = planted_known if setting == "known" else insert_canaries(
                 _rows(splits[setting]["train"], ft_ids), canaries, x.split_seed)  # fmt: skip
             if len(rows) != len(ft_ids):
                 raise CtrlgenError(f"{setting}: {len(rows)} of the {len(ft_ids)} fine-tuning notes found")
+            planted[setting] = rows
             ft_dirs[setting] = _write(rows, out / "data" / setting / "finetune", schema)
         _log(f"fine-tuning set: {len(ft_ids)} notes, {len(canaries)} canaries planted "
              f"{sum(c.repeats for c in canaries)} times")  # fmt: skip
@@ -387,8 +396,9 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                 if summary.privacy:
                     epsilons[(setting, method, seed)] = float(summary.privacy["epsilon"])
                 if canaries:
-                    exposures[(setting, method, seed)] = _exposures(cfg, str(run_dir / "adapter"), canaries)
-    base_exposure = _exposures(cfg, None, canaries) if canaries else []
+                    exposures[(setting, method, seed)] = _exposures(cfg, str(run_dir / "adapter"), canaries,
+                                                                    planted[setting])  # fmt: skip
+    base_exposure = _exposures(cfg, None, canaries, planted["known"]) if canaries else []
     # The local path's evaluators (built once); the Ray path shards the same references once.
     evaluators = {False: Evaluator(real_icl), True: Evaluator(real_ft, sorted(real_ft))}
     n_ft_values = len(evaluators[True].ft_values)

@@ -30,7 +30,7 @@ from typing import Any
 from ctrlgen.codes import build_control_code, format_control_code
 from ctrlgen.schema import Entity
 
-__all__ = ["Canary", "candidate_texts", "exposure", "insert_canaries", "make_canaries"]
+__all__ = ["Canary", "canary_prompt", "candidate_texts", "exposure", "insert_canaries", "make_canaries"]
 
 TEMPLATE = "Medical record number {}."
 DIGITS = 6
@@ -89,6 +89,19 @@ def insert_canaries(rows: Sequence[dict[str, Any]], canaries: Sequence[Canary], 
     return out
 
 
+def canary_prompt(rows: Sequence[dict[str, Any]], canary: Canary) -> str:
+    """The prompt a canary was trained behind, without the secret: the control-code prompt of its first host
+    (by doc_id) built from the host's other entities. Exposure is measured on the canary as its continuation,
+    as the tuned model meets it (the host's code itself lists the secret, which would give it away)."""
+    from ctrlgen.prompts import prefix_prompt
+
+    for r in sorted(rows, key=lambda r: str(r["doc_id"])):
+        ents = [Entity(**e) if isinstance(e, dict) else e for e in (r.get("entities") or [])]
+        if any(e.source == "canary" and e.text == canary.secret for e in ents):
+            return prefix_prompt(format_control_code(build_control_code([e for e in ents if e.source != "canary"])))
+    raise ValueError("the canary was not planted in these rows")
+
+
 def candidate_texts(canary: Canary, n_candidates: int, seed: int) -> list[str]:
     """The canary's sentence first, then ``n_candidates`` with other distinct random secrets."""
     rng = random.Random(f"candidates\x1f{seed}\x1f{canary.secret}")
@@ -105,7 +118,8 @@ def candidate_texts(canary: Canary, n_candidates: int, seed: int) -> list[str]:
 def exposure(
     canary: Canary, nll: Callable[[list[str]], list[float]], n_candidates: int = 999, seed: int = 0
 ) -> tuple[float, int]:
-    """(exposure, rank) of ``canary`` under a scorer returning one NLL per text."""
+    """(exposure, rank) of ``canary`` under a scorer returning one NLL per text (all candidates scored the same
+    way: alone, or after the same prompt, see :func:`canary_prompt`)."""
     texts = candidate_texts(canary, n_candidates, seed)
     scores = nll(texts)
     own = scores[0]

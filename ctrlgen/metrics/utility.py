@@ -67,19 +67,40 @@ def _batch(ids: Sequence[list[int]], pad: int) -> tuple[Any, Any, Any]:
 
 
 def sequence_nll(
-    model: Any, tokenizer: Any, texts: Sequence[str], max_tokens: int = 512, batch_size: int = 8
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    max_tokens: int = 512,
+    batch_size: int = 8,
+    prompts: Sequence[str] | None = None,
 ) -> list[tuple[float, int]]:
-    """Per text: (sum of token NLLs, predicted tokens) under ``model`` (right padding, no grad)."""
+    """Per text: (sum of token NLLs, predicted tokens) under ``model`` (right padding, no grad).
+
+    With ``prompts`` (one per text), each text is scored as the continuation of its prompt: the prompt's
+    tokens condition the text but are not counted (e.g. a canary after the control-code prompt it was
+    trained behind).
+    """
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids = _encode(tokenizer, texts, max_tokens)
+    skip = [0] * len(ids)
+    if prompts is not None:
+        if len(prompts) != len(texts):
+            raise ValueError(f"{len(prompts)} prompts for {len(texts)} texts")
+        heads = _encode(tokenizer, prompts, max_tokens)
+        tails = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        ids = [(h + list(t))[:max_tokens] for h, t in zip(heads, tails, strict=True)]
+        skip = [len(h) for h in heads]
     out: list[tuple[float, int]] = []
     was_training = model.training
     model.eval()
     with torch.no_grad():
         for i in range(0, len(ids), batch_size):
-            inp, att, lab = (t.to(model.device) for t in _batch(ids[i : i + batch_size], pad))
+            inp, att, lab = _batch(ids[i : i + batch_size], pad)
+            for row, n in enumerate(skip[i : i + batch_size]):
+                lab[row, :n] = -100  # the prompt conditions, it is not scored
+            inp, att, lab = inp.to(model.device), att.to(model.device), lab.to(model.device)
             logits = model(input_ids=inp, attention_mask=att).logits[:, -inp.shape[1] :, :].float()
             target = lab[:, 1:]
             lp = torch.log_softmax(logits[:, :-1, :], dim=-1)

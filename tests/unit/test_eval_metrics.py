@@ -267,3 +267,24 @@ def test_category_f1_learns_from_released_notes_and_scores_real_ones() -> None:
     shuffled = labels[5:] + labels[:5]
     assert category_f1(train, shuffled, test, labels[:8]) < 0.8
     assert category_f1([], [], test, labels[:8]) is None
+
+
+def test_canary_prompt_is_its_hosts_code_without_the_secret_and_scores_only_the_continuation():
+    from ctrlgen.metrics.canary import canary_prompt, insert_canaries, make_canaries
+    from ctrlgen.metrics.utility import sequence_nll
+    from ctrlgen.models import tiny_llama
+    from ctrlgen.schema import Entity
+
+    rows = [{"doc_id": f"d{i}", "text": f"Pt Ann Lee{i} seen.", "entities": [Entity(3, 10 + len(str(i)), f"Ann Lee{i}",
+             "PERSON", "DIRECT", "gold", "").to_row()], "control_code": f"PERSON: Ann Lee{i}"} for i in range(4)]  # fmt: skip
+    [c] = make_canaries(1, seed=0)
+    planted = insert_canaries(rows, [c], seed=0)
+    prompt = canary_prompt(planted, c)
+    host = next(r for r in planted if r["text"].startswith(c.text))
+    assert c.secret not in prompt and host["control_code"].count(c.secret) == 1
+    assert prompt.startswith("Control code:") and "PERSON: Ann Lee" in prompt and prompt.endswith("Document:\n")
+    model, tok = tiny_llama()
+    alone = sequence_nll(model, tok, [c.text])[0]
+    after = sequence_nll(model, tok, [c.text], prompts=[prompt])[0]
+    assert after[1] == len(tok(c.text, add_special_tokens=False)["input_ids"])  # only the canary's tokens count
+    assert after[0] != alone[0]
