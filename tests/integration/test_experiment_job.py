@@ -14,7 +14,6 @@ METHODS = [
     "baseline",
     "icl",
     "icl_blocking",
-    "prefix",
     "prefix_masked",
     "prefix_dp8",
     "anon_redact",
