@@ -645,6 +645,18 @@ class ExperimentConfig(_Model):
     test_documents: int = Field(
         24, ge=2, description="Real test-split documents for perplexity and MAUVE (seeded sample)."
     )
+    utility_outputs: int | None = Field(
+        None,
+        ge=2,
+        description="Outputs per cell the downstream perplexity fine-tuning and MAUVE use (a seeded "
+        "choice; None: all). Privacy metrics always use every output.",
+    )
+    anon_llm_documents: int | None = Field(
+        None,
+        ge=2,
+        description="Test notes per seed the LLM anonymiser rewrites (None: num_documents); it is the "
+        "costliest cell on a CPU.",
+    )
     ppl_epochs: int = Field(2, ge=1, description="Epochs of the downstream fine-tuning on a synthetic set.")
     ppl_learning_rate: float = Field(5e-5, gt=0.0, description="AdamW learning rate of that fine-tuning.")
     ppl_max_tokens: int = Field(256, ge=8, description="Tokens per text in that fine-tuning and in perplexity.")

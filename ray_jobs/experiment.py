@@ -124,12 +124,23 @@ class _Utility:
         self.encoder = load_sentence_encoder(cfg.nlp.embedding_model)
         self.q = text_features(self.encoder, test_texts)
 
+    def _cap(self, texts: list[str], seed: int) -> list[str]:
+        """At most ``experiment.utility_outputs`` of a cell's texts (a seeded choice, order kept)."""
+        import random
+
+        n = self.x.utility_outputs
+        if n is None or len(texts) <= n:
+            return texts
+        keep = sorted(random.Random(f"utility\x1f{seed}").sample(range(len(texts)), n))
+        return [texts[i] for i in keep]
+
     def perplexity(self, texts: list[str] | None, seed: int) -> float:
         from ctrlgen.metrics.utility import finetune_lm, perplexity
         from ctrlgen.models import load_causal_lm
 
         model, tok = load_causal_lm(self.cfg.model)
         if texts is not None:
+            texts = self._cap(texts, seed)
             finetune_lm(model, tok, texts, epochs=self.x.ppl_epochs, learning_rate=self.x.ppl_learning_rate,
                         max_tokens=self.x.ppl_max_tokens, seed=seed)  # fmt: skip
         return perplexity(model, tok, self.test, self.x.ppl_max_tokens)
@@ -143,7 +154,7 @@ class _Utility:
     def mauve(self, texts: list[str], seed: int) -> float:
         from ctrlgen.metrics.utility import mauve_score, text_features
 
-        return mauve_score(text_features(self.encoder, texts), self.q, seed=seed)
+        return mauve_score(text_features(self.encoder, self._cap(texts, seed)), self.q, seed=seed)
 
 
 def _exposures(
@@ -190,7 +201,9 @@ def _judge(util: _Utility, texts: list[str]) -> Any:
 
 
 def _semantic(
-    pending: list[tuple[dict[str, Any], list[Any], list[str], list[tuple[str, ...]]]], util: _Utility, judge: Any,
+    pending: list[tuple[dict[str, Any], list[Any], list[str], list[tuple[str, ...]]]],
+    util: _Utility,
+    judge: Any,
     seed: int,
 ) -> None:
     """The semantic attack (METHOD.md 8.2) of every pending cell, in one Ray Data job (one group per cell: its
@@ -262,7 +275,8 @@ def _anonymised_cell(
 
     x = cfg.experiment
     ds = ray.data.read_parquet(str(splits[setting]["test"])).select_columns(_DOC_COLUMNS)
-    picked = seeded_sample(ds, x.num_documents, seed, "anonymise", _DOC_COLUMNS)
+    n = x.anon_llm_documents if method == "anon_llm" and x.anon_llm_documents else x.num_documents
+    picked = seeded_sample(ds, n, seed, "anonymise", _DOC_COLUMNS)
     ids = {str(r["doc_id"]) for r in picked}
     gold = {str(r["doc_id"]): RealDoc.from_row(r) for r in _rows(splits["known"]["test"], ids)}
     # Surrogates avoid the real values of the notes released (as fictional codes avoid the corpus').
