@@ -48,6 +48,7 @@ from typing import Any
 
 from ctrlgen.generation.engine import GenerationEngine, GenerationRequest
 from ctrlgen.generation.icl import row_seed
+from ctrlgen.generation.llm import build_engine
 from ctrlgen.metrics.leakage import leaked_values, normalize_value
 from ctrlgen.schema import Entity
 
@@ -114,27 +115,6 @@ def settings_of(cfg: Any) -> AnonymizerSettings:
         max_new_tokens=cfg.sampling.max_new_tokens, length_factor=cfg.length_factor,
         attack_max_new_tokens=cfg.attack_max_new_tokens, chunk_chars=cfg.chunk_chars, seed=cfg.seed,
     )  # fmt: skip
-
-
-def build_engine(cfg: Any, model_cfg: Any) -> tuple[GenerationEngine, Any, Callable[[str], int] | None]:
-    """(engine, tokenizer or None, token counter or None) for ``cfg`` (an ``LLMAnonymizerConfig``):
-    the OpenAI-compatible ``endpoint`` when set, else ``cfg.model`` (or ``model_cfg``) loaded here."""
-    if cfg.endpoint:
-        from ctrlgen.generation.remote import OpenAICompletionsEngine
-
-        remote = OpenAICompletionsEngine(cfg.endpoint, cfg.endpoint_model, cfg.sampling, cfg.api_key_env,
-                                         concurrency=cfg.concurrency)  # fmt: skip
-        return remote, None, None
-    from ctrlgen.generation.engine import HFEngine
-    from ctrlgen.models import load_causal_lm
-
-    model, tokenizer = load_causal_lm(cfg.model or model_cfg)
-    engine = HFEngine(model, tokenizer, cfg.sampling, cfg.batch_size)
-
-    def count(text: str) -> int:
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    return engine, tokenizer, count
 
 
 def _categories(entities: Sequence[Entity]) -> list[str]:

@@ -546,7 +546,28 @@ class ServeConfig(_Model):
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per generator replica.")
 
 
-class LLMAnonymizerConfig(_Model):
+class LLMConfig(_Model):
+    """A language model the evaluation side calls (the LLM anonymiser, the semantic attack's LLM atomiser and
+    judge): a local HF model, or an OpenAI-compatible endpoint."""
+
+    model: ModelConfig | None = Field(None, description="The HF model; None: the config's model.")
+    endpoint: str | None = Field(
+        None,
+        description="An OpenAI-compatible base URL (ending in /v1: vLLM, ctrlgen serve) used instead of a "
+        "local model; banned sequences are not sent to it.",
+    )
+    endpoint_model: str = Field("ctrlgen", description="The model name sent to the endpoint.")
+    api_key_env: str = Field("CTRLGEN_LLM_API_KEY", description="Environment variable holding the endpoint's key.")
+    concurrency: int = Field(16, ge=1, description="Requests in flight to the endpoint per actor.")
+    sampling: SamplingConfig = Field(
+        default_factory=lambda: SamplingConfig(max_new_tokens=512, temperature=0.3, top_p=0.9),
+        description="Sampling; max_new_tokens caps an answer.",
+    )
+    batch_size: int = Field(8, ge=1, description="Prompts per engine batch (and notes per actor call).")
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per actor.")
+
+
+class LLMAnonymizerConfig(LLMConfig):
     """The LLM anonymiser (``ctrlgen anonymize``, experiment method anon_llm; METHOD.md 8.3, ctrlgen.anonymize_llm)."""
 
     input: str | None = Field(
@@ -569,25 +590,10 @@ class LLMAnonymizerConfig(_Model):
     chunk_chars: int = Field(
         1200, ge=100, description="Notes are rewritten in pieces of at most this many characters (line breaks first)."
     )
-    sampling: SamplingConfig = Field(
-        default_factory=lambda: SamplingConfig(max_new_tokens=512, temperature=0.3, top_p=0.9),
-        description="Sampling of both prompts; max_new_tokens caps a rewrite.",
-    )
     seed: int = Field(0, description="Seeds every rewrite and attack (per note and round).")
-    model: ModelConfig | None = Field(None, description="The anonymiser's HF model; None: the config's model.")
-    endpoint: str | None = Field(
-        None,
-        description="An OpenAI-compatible base URL (ending in /v1: vLLM, ctrlgen serve) used instead of a "
-        "local model; banned sequences are not sent to it.",
-    )
-    endpoint_model: str = Field("ctrlgen", description="The model name sent to the endpoint.")
-    api_key_env: str = Field("CTRLGEN_LLM_API_KEY", description="Environment variable holding the endpoint's key.")
-    concurrency: int = Field(16, ge=1, description="Requests in flight to the endpoint per actor.")
-    batch_size: int = Field(8, ge=1, description="Notes per actor call (and per engine batch).")
     num_actors: int = Field(1, ge=1, description="Anonymiser actors (model loaded once per actor).")
     actor_num_cpus: float = Field(1.0, gt=0, description="Logical CPUs per actor.")
     actor_num_gpus: float = Field(0.0, ge=0, description="GPUs per actor (model.device=cuda to use them).")
-    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per actor.")
 
 
 EntitySetting = Literal["known", "unknown"]
@@ -611,6 +617,18 @@ class ExperimentConfig(_Model):
     semantic_k: int = Field(3, ge=1, description="Claims the semantic attacker knows per record (METHOD.md 8.2).")
     semantic_retriever: Literal["bm25", "dense"] = Field(
         "bm25", description="How the semantic attacker links its claims to a released note: BM25 or MiniLM cosine."
+    )
+    semantic_atomizer: Literal["rules", "llm"] = Field(
+        "rules", description="How notes become claims: the rule-based splitter, or semantic_llm (one prompt per note)."
+    )
+    semantic_judge: Literal["similarity", "llm"] = Field(
+        "similarity",
+        description="similarity: MiniLM cosine with calibrated thresholds (offline, the weaker judge); llm: "
+        "semantic_llm answers the 3-point scale, 3 queries per claim, majority.",
+    )
+    semantic_llm: LLMConfig = Field(
+        default_factory=lambda: LLMConfig(sampling=SamplingConfig(max_new_tokens=256, temperature=0.7, top_p=0.9)),
+        description="The model of the LLM atomiser and judge (a capable instruction model is what they assume).",
     )
     methods: list[ExperimentMethod] = Field(
         default_factory=lambda: list[ExperimentMethod](["baseline", "icl", "icl_blocking", "prefix", "prefix_masked"]),

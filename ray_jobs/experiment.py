@@ -222,6 +222,7 @@ def _semantic(
         x = util.x
         s = AttackSettings(k=x.semantic_k, seed=seed, retriever=x.semantic_retriever, same=judge.same,
                            partly=judge.partly, embedding_model=util.cfg.nlp.embedding_model,
+                           atomizer=x.semantic_atomizer, judge=x.semantic_judge, llm_json=util.cfg.model_dump_json(),
                            num_actors=x.eval_actors, actor_num_cpus=0.5)  # fmt: skip
         results = attack_groups(records, released, s, keep_scores=True)
         for g, (cell, *_) in todo:

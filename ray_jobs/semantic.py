@@ -57,6 +57,9 @@ class AttackSettings:
     same: float = 0.8  # the judge's thresholds (ctrlgen.metrics.semantic.calibrate)
     partly: float = 0.6
     embedding_model: str = ""
+    atomizer: str = "rules"  # rules | llm
+    judge: str = "similarity"  # similarity | llm
+    llm_json: str = ""  # the CtrlgenConfig JSON whose experiment.semantic_llm (and model) the LLM steps use
     batch_size: int = 64
     num_actors: int = 1
     actor_num_cpus: float = 1.0
@@ -91,7 +94,22 @@ class AttackActor:
         self.refs, self.s = dict(indexes), s
         self.cache: dict[str, Any] = {}
         self.encoder = _encoder(s.embedding_model)
-        self.judge = SimilarityJudge(self.encoder, s.same, s.partly)
+        self.judge: Any = SimilarityJudge(self.encoder, s.same, s.partly)
+        self.atomizer: Any = None
+        if "llm" in (s.atomizer, s.judge):
+            import functools
+
+            from ctrlgen.generation.llm import build_engine
+            from ctrlgen.metrics.semantic import LLMJudge, llm_atomize
+
+            cfg = CtrlgenConfig.model_validate_json(s.llm_json)
+            llm = cfg.experiment.semantic_llm
+            engine, _, _ = build_engine(llm, cfg.model)
+            if s.judge == "llm":
+                self.judge = LLMJudge(engine, queries=3, seed=s.seed)
+            if s.atomizer == "llm":
+                self.atomizer = functools.partial(llm_atomize, engine, seed=s.seed,
+                                                  max_new_tokens=llm.sampling.max_new_tokens)  # fmt: skip
 
     def _index(self, group: str) -> Any:
         import ray
@@ -108,7 +126,8 @@ class AttackActor:
             by.setdefault(str(r["group"]), []).append(Record(str(r["doc_id"]), r["text"] or ""))
         out = []
         for group, records in by.items():
-            rows = attack_records(records, self._index(group), self.judge, self.s.k, self.s.seed, self.encoder)
+            rows = attack_records(records, self._index(group), self.judge, self.s.k, self.s.seed, self.encoder,
+                                  self.atomizer)  # fmt: skip
             out += [{"group": group, **{k: r[k] for k in _ROWS.names if k != "group"}} for r in rows]
         return pa.Table.from_pylist(out, schema=_ROWS)
 
@@ -237,7 +256,8 @@ def run(cfg: CtrlgenConfig) -> SemanticSummary:
     sample = [r["text"] for r in seeded_sample(records, x.test_documents, x.split_seed, "judge", ["doc_id", "text"])]
     same, partly, _ = calibrate(_encoder(cfg.nlp.embedding_model), sample, seed=x.split_seed)
     s = AttackSettings(k=x.semantic_k, seed=x.split_seed, retriever=x.semantic_retriever, same=same, partly=partly,
-                       embedding_model=cfg.nlp.embedding_model, num_actors=x.eval_actors)  # fmt: skip
+                       embedding_model=cfg.nlp.embedding_model, atomizer=x.semantic_atomizer, judge=x.semantic_judge,
+                       llm_json=cfg.model_dump_json(), num_actors=x.eval_actors)  # fmt: skip
     grouped = records.map_batches(lambda b: b.append_column("group", pa.array(["all"] * len(b), pa.string())),
                                   batch_format="pyarrow")  # fmt: skip
     result = attack_groups(grouped, {"all": released}, s)["all"]

@@ -18,8 +18,9 @@ The judge offline is :class:`SimilarityJudge`: the claim's best cosine similarit
 linked document's claims, cut at two thresholds calibrated on pairs built from the records
 (:func:`calibrate`): a claim against itself with words dropped (same), against a claim
 whose second half comes from another record (partly) and against another record's claim
-(not supported). It is the weaker judge: it scores topical similarity, not entailment. An
-LLM judge (3 queries, majority) plugs in through the same ``Judge`` call.
+(not supported). It is the weaker judge: it scores topical similarity, not entailment. With a
+capable model configured, :class:`LLMJudge` asks the 3-point question (3 queries per claim, majority)
+and :func:`llm_atomize` writes the claims; both take any generation engine (HF or an OpenAI endpoint).
 
 Example:
     >>> atomize("Pt is a 65 yo man with CHF. He was seen in clinic; BP was stable.")
@@ -41,6 +42,7 @@ from ctrlgen.metrics.linkage import BM25
 from ctrlgen.metrics.rouge import rouge_pair
 
 __all__ = [
+    "LLMJudge",
     "Record",
     "Released",
     "SemanticIndex",
@@ -49,6 +51,9 @@ __all__ = [
     "atomize",
     "attack_records",
     "calibrate",
+    "judge_prompt",
+    "llm_atomize",
+    "parse_verdict",
     "query_claims",
     "semantic_attack",
     "summarize_attack",
@@ -148,6 +153,87 @@ class SimilarityJudge:
         return [SAME if s >= self.same else PARTLY if s >= self.partly else UNSUPPORTED for s in sims]
 
 
+_VERDICT = re.compile(r"\b(same|yes|partly|partial|partially|no|not)\b", re.I)
+
+
+def judge_prompt(claim: str, document: str, max_chars: int = 4000) -> str:
+    """The LLM judge's 3-point question about one claim and one (possibly cut) released document."""
+    doc = document if len(document) <= max_chars else document[:max_chars] + " ..."
+    return (
+        "Read the document and the claim. Does the document state the information of the claim?\n"
+        "Answer with one word: same (the document states it), partly (some of it), or no (not at all).\n\n"
+        f"Document:\n{doc.strip()}\n\nClaim: {claim.strip()}\nAnswer:"
+    )
+
+
+def parse_verdict(answer: str) -> int | None:
+    """The first verdict word of an answer (same/yes -> SAME, partly -> PARTLY, no/not -> UNSUPPORTED), else None."""
+    m = _VERDICT.search(answer)
+    if not m:
+        return None
+    w = m.group(1).lower()
+    return SAME if w in ("same", "yes") else PARTLY if w.startswith("part") else UNSUPPORTED
+
+
+class LLMJudge:
+    """The 3-point judge of METHOD.md 8.2 with a language model: each claim asked ``queries`` times (own seeds),
+    the majority verdict wins; a tie or unreadable answers count as PARTLY / UNSUPPORTED (see ``__call__``).
+    ``engine``: any :class:`~ctrlgen.generation.engine.GenerationEngine` (HF model or OpenAI endpoint)."""
+
+    def __init__(self, engine: Any, queries: int = 3, seed: int = 0, max_new_tokens: int = 4) -> None:
+        self.engine, self.queries, self.seed, self.max_new_tokens = engine, queries, seed, max_new_tokens
+        self.unreadable = 0  # answers with no verdict word (counted as UNSUPPORTED)
+
+    def __call__(self, claims: Sequence[str], document: str) -> list[int]:
+        from ctrlgen.generation.engine import GenerationRequest
+        from ctrlgen.generation.icl import row_seed
+
+        if not claims:
+            return []
+        reqs = [GenerationRequest(judge_prompt(c, document), seed=row_seed(self.seed, "judge", c, str(q)),
+                                  max_new_tokens=self.max_new_tokens, stop=("\n",))
+                for c in claims for q in range(self.queries)]  # fmt: skip
+        answers = self.engine.generate(reqs)
+        out = []
+        for i in range(len(claims)):
+            votes = []
+            for a in answers[i * self.queries : (i + 1) * self.queries]:
+                v = parse_verdict(a.text) if a.error is None else None
+                if v is None:
+                    self.unreadable += 1
+                    v = UNSUPPORTED
+                votes.append(v)
+            counts = {v: votes.count(v) for v in set(votes)}
+            best = max(counts.values())
+            winners = [v for v, n in counts.items() if n == best]
+            out.append(winners[0] if len(winners) == 1 else PARTLY)  # a three-way tie is "partly"
+        return out
+
+
+def llm_atomize(engine: Any, texts: Sequence[str], seed: int = 0, min_words: int = 3,
+                max_new_tokens: int = 256) -> list[list[str]]:  # fmt: skip
+    """Claims of each text from a language model (one prompt per text, all in one engine call): one short
+    factual statement per line; a text whose answer yields no claim falls back to :func:`atomize`."""
+    from ctrlgen.generation.engine import GenerationRequest
+    from ctrlgen.generation.icl import row_seed
+
+    reqs = [GenerationRequest("Split the clinical note into short, self-contained facts, one per line.\n\n"
+                              f"Note:\n{t.strip()}\n\nFacts:\n-", seed=row_seed(seed, "atomize", str(i)),
+                              max_new_tokens=max_new_tokens, stop=("\n\n",))
+            for i, t in enumerate(texts)]  # fmt: skip
+    out = []
+    for text, ans in zip(texts, engine.generate(reqs), strict=True):
+        claims: list[str] = []
+        seen: set[str] = set()
+        for line in ("-" + ans.text if ans.error is None else "").splitlines():
+            c = " ".join(line.strip().lstrip("-*0123456789.) ").split())
+            if len(_tokens(c)) >= min_words and c.casefold() not in seen:
+                seen.add(c.casefold())
+                claims.append(c)
+        out.append(claims or atomize(text, min_words))
+    return out
+
+
 def calibrate(
     encoder: Any, texts: Sequence[str], seed: int = 0, pairs: int = 200
 ) -> tuple[float, float, dict[str, float]]:
@@ -224,14 +310,21 @@ class SemanticIndex:
 
 
 def attack_records(
-    records: Sequence[Record], index: SemanticIndex, judge: Judge, k: int = 3, seed: int = 0, encoder: Any = None
+    records: Sequence[Record],
+    index: SemanticIndex,
+    judge: Judge,
+    k: int = 3,
+    seed: int = 0,
+    encoder: Any = None,
+    atomizer: Callable[[Sequence[str]], list[list[str]]] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per record: linked document, whether the link is correct and linkable, privacy scores
-    (``skipped`` True, scores None, for records with ``k`` claims or fewer). Queries are linked in one batch."""
+    (``skipped`` True, scores None, for records with ``k`` claims or fewer). Queries are linked in one batch.
+    ``atomizer`` maps the records' texts to their claims in one call (default: :func:`atomize` each)."""
     rows: list[dict[str, Any]] = []
     attacked: list[tuple[dict[str, Any], Record, list[str], list[int], str]] = []
-    for rec in records:
-        claims = atomize(rec.text)
+    all_claims = atomizer([r.text for r in records]) if atomizer else [atomize(r.text) for r in records]
+    for rec, claims in zip(records, all_claims, strict=True):
         row: dict[str, Any] = {"doc_id": rec.doc_id, "claims": len(claims), "skipped": len(claims) <= k,
                                "linked": None, "correct": False, "linkable": False,
                                "lexical_privacy": None, "semantic_privacy": None}  # fmt: skip
@@ -277,8 +370,9 @@ def semantic_attack(
     seed: int = 0,
     retriever: Literal["bm25", "dense"] = "bm25",
     encoder: Any = None,
+    atomizer: Callable[[Sequence[str]], list[list[str]]] | None = None,
 ) -> SemanticResult:
     """Link every record's k known claims to a released document and score what else it reveals (in memory;
     ``ray_jobs.semantic`` runs the same functions over Ray Data)."""
     index = SemanticIndex(released, retriever, encoder)
-    return summarize_attack(attack_records(records, index, judge, k, seed, encoder))
+    return summarize_attack(attack_records(records, index, judge, k, seed, encoder, atomizer))
