@@ -34,6 +34,12 @@ def test_generation_job_on_the_shared_clinical_notes(ray_cluster, tmp_path, shar
                  f"generation.input={tmp_path / 'extracted'}"]) == 0  # fmt: skip
     again = {(r["doc_id"], r["mode"]): r["text"] for r in read_generated(tmp_path / "again" / "generated")}
     assert again == {(r["doc_id"], r["mode"]): r["text"] for r in rows}
+    # The semantic attack of this output by the real notes (ray_jobs.semantic, `ctrlgen semantic-attack`):
+    # every output is made from its 3 contexts, so the notes used as contexts are the linkable records.
+    assert main(["semantic-attack", "-c", "configs/generate_tiny.yaml", *overrides, "experiment.test_documents=8"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("semantic attack:"))
+    linkable = len({c for r in rows for c in r["context_ids"]})
+    assert f"/{linkable} linkable" in line and "records attacked" in line
 
 
 def test_generation_job_reports_a_missing_input(ray_cluster, tmp_path, capsys):
