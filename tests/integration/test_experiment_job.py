@@ -174,4 +174,4 @@ def test_semantic_attack_on_ray_data_equals_the_in_memory_attack(ray_cluster, sh
                 want.attacked, want.linkable, want.correct_links, want.skipped), (retriever, g)  # fmt: skip
             assert r.lexical_privacy == pytest.approx(want.lexical_privacy, abs=1e-9)
             assert r.semantic_privacy == pytest.approx(want.semantic_privacy, abs=1e-9)
-        assert got["redacted"].linkable == 12 and got["redacted"].correct_links >= 9
+        assert got["redacted"].linkable == 12 and got["redacted"].correct_links >= 6  # 3 claims of short notes
