@@ -260,7 +260,7 @@ def _anonymised_cell(
     util: _Utility,
     pending: list[Any],
 ) -> dict[str, Any]:
-    """One (setting, anonymiser, seed) cell: ``num_documents`` seeded test notes, released anonymised.
+    """One (setting, anonymiser, seed) cell: ``num_documents`` seeded test notes with gold PHI, released anonymised.
 
     The spans edited are the setting's (gold when known, the extractor's when unknown); leakage,
     ROUGE and the linkage attack are measured against each note's own gold values and text.
@@ -272,13 +272,16 @@ def _anonymised_cell(
     from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate
     from ctrlgen.metrics.linkage import RealRecord, linkage_attack
     from ctrlgen.schema import Entity
-    from ray_jobs.common import seeded_sample
+    from ray_jobs.common import has_code, seeded_sample
 
     x = cfg.experiment
-    ds = ray.data.read_parquet(str(splits[setting]["test"])).select_columns(_DOC_COLUMNS)
+    # The notes released are test notes with gold PHI (a note without any has nothing to protect), the same
+    # notes in both settings; the setting decides which spans the anonymiser edits.
+    known = ray.data.read_parquet(str(splits["known"]["test"])).select_columns(_DOC_COLUMNS)
     n = x.anon_llm_documents if method == "anon_llm" and x.anon_llm_documents else x.num_documents
-    picked = seeded_sample(ds, n, seed, "anonymise", _DOC_COLUMNS)
-    ids = {str(r["doc_id"]) for r in picked}
+    ids = {str(r["doc_id"]) for r in seeded_sample(known.map_batches(has_code, batch_format="pyarrow"), n, seed,
+                                                   "anonymise", ["doc_id"])}  # fmt: skip
+    picked = _rows(splits[setting]["test"], ids)
     gold = {str(r["doc_id"]): RealDoc.from_row(r) for r in _rows(splits["known"]["test"], ids)}
     # Surrogates avoid the real values of the notes released (as fictional codes avoid the corpus').
     gen = FictionalCodes(seed=seed, exclude={v for d in gold.values() for v in d.values})
