@@ -145,4 +145,5 @@ def test_llm_anonymiser_job_keeps_every_note_and_releases_no_known_value(ray_clu
     assert len(rows) == 5 and all(r["status"] in ("private", "redacted") for r in rows)
     for r in rows:
         values = [e["text"] for e in ext[r["doc_id"]]["entities"]]
-        assert r["text"] and not leaked_values(r["text"], values) and 1 <= r["rounds"] <= 2
+        assert r["text"] and not leaked_values(r["text"], values)
+        assert (1 <= r["rounds"] <= 2) if values else r["rounds"] == 0  # a note without PHI is kept as it is
