@@ -353,8 +353,8 @@ class GenerationConfig(_Model):
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per actor (None: torch default).")
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None,
-        description="Weights dtype of the generation actors only (None: model.dtype). bfloat16 is about 1.6x "
-        "faster on CPUs with AVX512-BF16 or AMX (docs/benchmarks.md); training and metrics keep model.dtype.",
+        description="Weights dtype of the generation actors only (None: model.dtype). bfloat16 was 1.55x "
+        "faster on this AVX512-BF16 CPU (docs/benchmarks.md); training and metrics keep model.dtype.",
     )
 
 
