@@ -141,7 +141,8 @@ def blocking(model: Any, tok: Any, sizes: list[int], batch: int, prompt_len: int
     return "\n".join(rows)
 
 
-def _icl_requests(tok: Any, n: int, max_context_tokens: int) -> list[GenerationRequest]:
+def physionet_code_rows() -> list[dict[str, Any]]:
+    """The PhysioNet notes with a control code, as extraction rows (``doc_id``, ``text``, ``control_code``)."""
     docs, _, _ = load_corpus(
         PhysionetCorpusConfig(path=str(ROOT / "../shared/data/physionet-deid"), identifiers="direct+quasi")
     )
@@ -150,6 +151,11 @@ def _icl_requests(tok: Any, n: int, max_context_tokens: int) -> list[GenerationR
         code = format_control_code(build_control_code(select_private(d.entities, "direct+quasi")))
         if code:
             rows.append({"doc_id": d.doc_id, "text": d.text, "control_code": code})
+    return rows
+
+
+def _icl_requests(tok: Any, n: int, max_context_tokens: int) -> list[GenerationRequest]:
+    rows = physionet_code_rows()
     pool = build_pool(rows[: 3 * n + n], tok, max_context_tokens)
     fict = FictionalCodes(0, [v for c in pool for v in c.values])
     reqs = []

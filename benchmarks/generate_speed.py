@@ -32,28 +32,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _report import write_section  # noqa: E402
+from generate import physionet_code_rows  # noqa: E402
 
-from ctrlgen.codes import build_control_code, format_control_code  # noqa: E402
-from ctrlgen.config import GenerationConfig, ModelConfig, PhysionetCorpusConfig, SamplingConfig  # noqa: E402
-from ctrlgen.corpora import load_corpus  # noqa: E402
+from ctrlgen.config import GenerationConfig, ModelConfig, SamplingConfig  # noqa: E402
 from ctrlgen.fictional import FictionalCodes  # noqa: E402
 from ctrlgen.generation import HFEngine  # noqa: E402
 from ctrlgen.generation.icl import build_pool, generate_rows  # noqa: E402
 from ctrlgen.models import load_causal_lm  # noqa: E402
-from ctrlgen.schema import select_private  # noqa: E402
 
 COMMAND = ".venv/bin/python benchmarks/generate_speed.py"
 
 
 def _rows(n_pool: int, n_targets: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    docs, _, _ = load_corpus(
-        PhysionetCorpusConfig(path=str(ROOT / "../shared/data/physionet-deid"), identifiers="direct+quasi")
-    )
-    rows = []
-    for d in docs:
-        code = format_control_code(build_control_code(select_private(d.entities, "direct+quasi")))
-        if code:
-            rows.append({"doc_id": d.doc_id, "text": d.text, "control_code": code})
+    rows = physionet_code_rows()
     return rows[:n_pool], rows[n_pool : n_pool + n_targets]
 
 

@@ -281,11 +281,11 @@ def _anonymised_cell(
     n = x.anon_llm_documents if method == "anon_llm" and x.anon_llm_documents else x.num_documents
     ids = {str(r["doc_id"]) for r in seeded_sample(known.map_batches(has_code, batch_format="pyarrow"), n, seed,
                                                    "anonymise", ["doc_id"])}  # fmt: skip
-    picked = _rows(splits[setting]["test"], ids)
-    gold = {str(r["doc_id"]): RealDoc.from_row(r) for r in _rows(splits["known"]["test"], ids)}
+    picked = _rows(splits[setting]["test"], ids)  # sorted by doc_id
+    known_rows = picked if setting == "known" else _rows(splits["known"]["test"], ids)
+    gold = {str(r["doc_id"]): RealDoc.from_row(r) for r in known_rows}
     # Surrogates avoid the real values of the notes released (as fictional codes avoid the corpus').
     gen = FictionalCodes(seed=seed, exclude={v for d in gold.values() for v in d.values})
-    picked = sorted(picked, key=lambda r: str(r["doc_id"]))
     extra: dict[str, Any] = {}
     if method == "anon_llm":  # the Ray Data job of ctrlgen anonymize over the cell's notes
         from ray_jobs.anonymize import anonymize_dataset

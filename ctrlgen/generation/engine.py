@@ -205,11 +205,11 @@ class HFEngine:
         tok = self.tokenizer
         device = self.model.device
         prompts = [r.prompt for r in batch]
-        distinct = list(dict.fromkeys(prompts))
-        enc = tok(distinct, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        distinct = {p: i for i, p in enumerate(dict.fromkeys(prompts))}  # prompt -> its row in the encoding
+        enc = tok(list(distinct), return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         extra: dict[str, Any] = {}
         if len(distinct) < len(batch):
-            rows = torch.tensor([distinct.index(p) for p in prompts], device=device)
+            rows = torch.tensor([distinct[p] for p in prompts], device=device)
             if self.share_prefill and enc["input_ids"].shape[1] > 1:
                 extra["past_key_values"] = self._prefill(enc["input_ids"][:, :-1], enc["attention_mask"][:, :-1], rows)
             enc = {k: v.index_select(0, rows) for k, v in enc.items()}

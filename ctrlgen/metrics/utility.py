@@ -88,7 +88,9 @@ def sequence_nll(
     if prompts is not None:
         if len(prompts) != len(texts):
             raise ValueError(f"{len(prompts)} prompts for {len(texts)} texts")
-        heads = _encode(tokenizer, prompts, max_tokens)
+        distinct = list(dict.fromkeys(prompts))
+        encoded = dict(zip(distinct, _encode(tokenizer, distinct, max_tokens), strict=True))
+        heads = [encoded[p] for p in prompts]
         tails = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         ids = [(h + list(t))[:max_tokens] for h, t in zip(heads, tails, strict=True)]
         skip = [len(h) for h in heads]
