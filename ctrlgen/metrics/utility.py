@@ -73,12 +73,16 @@ def sequence_nll(
     max_tokens: int = 512,
     batch_size: int = 8,
     prompts: Sequence[str] | None = None,
+    share_prompt: bool = True,
 ) -> list[tuple[float, int]]:
     """Per text: (sum of token NLLs, predicted tokens) under ``model`` (right padding, no grad).
 
     With ``prompts`` (one per text), each text is scored as the continuation of its prompt: the prompt's
     tokens condition the text but are not counted (e.g. a canary after the control-code prompt it was
-    trained behind).
+    trained behind). With ``share_prompt`` (the default), each distinct prompt runs through the model once
+    and its keys/values are copied to the rows that continue it (:func:`_continuation_nll`): canary exposure
+    scores hundreds of short candidates behind one long prompt. The sums equal the full-sequence pass up to
+    float rounding (tested).
     """
     import torch
 
@@ -94,6 +98,8 @@ def sequence_nll(
         tails = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         ids = [(h + list(t))[:max_tokens] for h, t in zip(heads, tails, strict=True)]
         skip = [len(h) for h in heads]
+        if share_prompt and all(skip):
+            return _continuation_nll(model, ids, skip, prompts, pad, batch_size)
     out: list[tuple[float, int]] = []
     was_training = model.training
     model.eval()
@@ -112,6 +118,71 @@ def sequence_nll(
                 out.append((float(-tok[row].sum()), int(mask[row].sum())))
     model.train(was_training)
     return out
+
+
+def _continuation_nll(
+    model: Any, ids: list[list[int]], skip: list[int], prompts: Sequence[str], pad: int, batch_size: int
+) -> list[tuple[float, int]]:
+    """:func:`sequence_nll` of prompted texts with one forward pass per distinct prompt.
+
+    The prompt pass returns the cache (for a PEFT prefix model, its virtual tokens' keys/values too) and the
+    logits of the prompt's last token, which predict the continuation's first token; the continuations then
+    run in batches of ``batch_size`` over copies of that cache (right padding: pads come after every scored
+    token, so they change nothing)."""
+    import copy
+
+    import torch
+
+    peft = getattr(model, "active_peft_config", None)
+    prompt_learning = peft is not None and getattr(peft, "is_prompt_learning", False)
+    # Behind a filled cache, a prefix model is its base model (as in PEFT's own generate()).
+    tail_model = model.get_base_model() if prompt_learning else model
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(p, []).append(i)
+    out: list[tuple[float, int] | None] = [None] * len(ids)
+    was_training = model.training
+    model.eval()
+    device = model.device
+    with torch.no_grad():
+        for idx in groups.values():
+            head = ids[idx[0]][: skip[idx[0]]]
+            res = model(input_ids=torch.tensor([head], device=device), use_cache=True)
+            cache, first = res.past_key_values, torch.log_softmax(res.logits[0, -1].float(), dim=-1)
+            past = cache.get_seq_length()
+            for s in range(0, len(idx), batch_size):
+                chunk = idx[s : s + batch_size]
+                tails = [ids[i][skip[i] :] for i in chunk]
+                width = max(len(t) for t in tails)
+                if width == 0:
+                    out_rows = [(0.0, 0)] * len(chunk)
+                else:
+                    inp = torch.full((len(chunk), width), pad, dtype=torch.long)
+                    att = torch.zeros((len(chunk), past + width), dtype=torch.long)
+                    att[:, :past] = 1
+                    for r, t in enumerate(tails):
+                        inp[r, : len(t)] = torch.tensor(t, dtype=torch.long)
+                        att[r, past : past + len(t)] = 1
+                    rows_cache = copy.deepcopy(cache)
+                    rows_cache.batch_select_indices(torch.zeros(len(chunk), dtype=torch.long, device=device))
+                    logits = tail_model(
+                        input_ids=inp.to(device), attention_mask=att.to(device), past_key_values=rows_cache
+                    ).logits.float()
+                    lp = torch.log_softmax(logits[:, :-1, :], dim=-1)
+                    out_rows = []
+                    for r, t in enumerate(tails):
+                        if not t:
+                            out_rows.append((0.0, 0))
+                            continue
+                        tt = torch.tensor(t, device=device)
+                        total = -first[tt[0]]
+                        if len(t) > 1:
+                            total = total - lp[r, : len(t) - 1].gather(-1, tt[1:].unsqueeze(-1)).sum()
+                        out_rows.append((float(total), len(t)))
+                for i, row in zip(chunk, out_rows, strict=True):
+                    out[i] = row
+    model.train(was_training)
+    return [r for r in out if r is not None]
 
 
 def perplexity(model: Any, tokenizer: Any, texts: Sequence[str], max_tokens: int = 512, batch_size: int = 8) -> float:

@@ -288,3 +288,34 @@ def test_canary_prompt_is_its_hosts_code_without_the_secret_and_scores_only_the_
     after = sequence_nll(model, tok, [c.text], prompts=[prompt])[0]
     assert after[1] == len(tok(c.text, add_special_tokens=False)["input_ids"])  # only the canary's tokens count
     assert after[0] != alone[0]
+
+
+def test_shared_prompt_scoring_equals_the_full_sequence_pass_for_base_prefix_and_lora_models():
+    """Exposure scores candidates behind one prompt pass; the sums must be those of the plain full pass."""
+    import torch
+
+    from ctrlgen.metrics.utility import sequence_nll
+    from ctrlgen.models import tiny_llama
+    from ctrlgen.training.prefix import lora_model, prefix_model
+
+    texts = ["My secret is 123 456 789.", "x", "Seen by Dr Ann Lee on Monday and again later.", "ok then"]
+    code = "Control code: PERSON: Bob\nDocument:\n"
+    prompts = [code, code, "Other prompt here", code]
+    base_scores: list[tuple[float, int]] = []
+    for kind in ("base", "prefix", "lora"):
+        torch.manual_seed(0)
+        model, tok = tiny_llama()
+        if kind != "base":
+            model = prefix_model(model, 5) if kind == "prefix" else lora_model(model)
+            with torch.no_grad():  # trained-looking adapters: they must change the scores
+                for name, p in model.named_parameters():
+                    if p.requires_grad and (kind == "prefix" or "lora_B" in name):
+                        p.normal_(0, 0.5)
+        full = sequence_nll(model, tok, texts, batch_size=2, prompts=prompts, share_prompt=False)
+        shared = sequence_nll(model, tok, texts, batch_size=2, prompts=prompts)
+        assert [n for _, n in shared] == [n for _, n in full]
+        assert all(abs(a - b) < 1e-3 for (a, _), (b, _) in zip(shared, full, strict=True)), kind
+        if kind != "base":
+            assert full != base_scores
+        else:
+            base_scores = full
