@@ -133,6 +133,37 @@ def _load(url: str, token: str, bodies: list[dict[str, Any]], workers: int, rout
     return wall, results
 
 
+_GROUPS = (("Generator replica", "Generator"), ("HTTP proxy", "ProxyActor"), ("Serve controller", "ServeController"),
+           ("ingress (Api)", ":Api"), ("scorer shards", "ScorerShard"), ("Scorer", ":Scorer"))  # fmt: skip
+
+
+def _cpu_snapshot() -> dict[str, float]:
+    """CPU-seconds (user + system) so far of every process on this box, by role (Ray names its workers
+    ``ray::ServeReplica:<app>:<deployment>``); the client is this process."""
+    import psutil
+
+    out: dict[str, float] = {}
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
+        t = p.info["cpu_times"]
+        if t is None:
+            continue
+        cmd = " ".join(p.info["cmdline"] or [])
+        if p.info["pid"] == me:
+            role = "client (this process)"
+        else:
+            role = next(
+                (r for r, key in _GROUPS if key in cmd), "other Ray processes" if "ray" in cmd else "rest of the box"
+            )
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
+def _cpu_shares(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
+    """Cores used on average by each role between two snapshots."""
+    return {k: (after.get(k, 0.0) - before.get(k, 0.0)) / wall for k in after}
+
+
 def _pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
@@ -163,6 +194,7 @@ def main() -> None:
 
         ray.init(address="local", num_cpus=4, include_dashboard=False, configure_logging=False, log_to_driver=False)
         rows = []
+        cpu: dict[int, dict[str, float]] = {}
         score: dict[int, float] = {}
         for shards in (2, 1):
             extra = [f"serve.scorer_shards={shards}"] + ([] if shards == 2 else ["model.name=tiny-llama"])
@@ -179,7 +211,9 @@ def main() -> None:
                         n = max(2 * c, 4)
                         bodies = [{"seed": 1000 * c + i, "mode": "icl_blocking", "max_new_tokens": args.new_tokens}
                                   for i in range(n)]  # fmt: skip
+                        cpu0 = _cpu_snapshot()
                         wall, res = _load(svc.url, svc.token, bodies, c, "/v1/synthesize")
+                        cpu[c] = _cpu_shares(cpu0, _cpu_snapshot(), wall)
                         toks = sum(a["outputs"][0]["new_tokens"] for _, a, _ in res)
                         lat = [t for _, _, t in res]
                         sizes = [a["outputs"][0]["batch_size"] for _, a, _ in res]
@@ -203,6 +237,9 @@ def main() -> None:
         f"| {c} | {n} | {tps:.1f} | {p50:.1f} | {p99:.1f} | {mb:.1f} |" for c, n, tps, p50, p99, mb in rows
     )
 
+    shares = cpu[c_hi]
+    cpu_line = ", ".join(f"{k} {v:.2f}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+
     def verdict(x: float, target: float) -> str:
         return f"**{x:.2f}x** (target {target}x: {'met' if x >= target else 'NOT met'})"
 
@@ -222,6 +259,9 @@ Offline engine (same planner, engine and gate in one process, one batch of 16): 
 - `/v1/score` (512 note snippets of up to 2,000 characters vs the {len(texts):,}+ PhysioNet notes, 64 per
   request, 2 clients):
   2 shards {score[2]:.1f} texts/s, 1 shard {score[1]:.1f} texts/s: {verdict(ratio_score, 1.7)}.
+
+CPU use at concurrency {c_hi} (cores on average over the load, from each process's CPU time; the box has
+{os.cpu_count()}): {cpu_line}.
 
 What limits the figures: the 2 cores are shared by the engine's torch threads, the HTTP proxy, the
 ingress replica, the controller and the client threads; on this box every CPU-second Serve spends is

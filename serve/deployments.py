@@ -77,6 +77,7 @@ class Generator:
         t0 = time.perf_counter()
         cfg = CtrlgenConfig.model_validate_json(cfg_json)
         sv, g = cfg.serve, cfg.generation
+        self.torch_threads = sv.torch_threads
         if sv.torch_threads:
             torch.set_num_threads(sv.torch_threads)
         model, tokenizer = load_causal_lm(cfg.model)
@@ -204,7 +205,14 @@ class Generator:
         return [(g, len(items)) for g in gated]
 
     def _run(self, items: list[_Item]) -> list[Any]:
+        import torch
+
         from ctrlgen.generation.gate import gated_generate
+
+        if self.torch_threads:
+            # This runs in a worker thread: Ray starts the replica with OMP_NUM_THREADS = its num_cpus, and
+            # a new thread's MKL / OpenMP thread counts start from that, not from __init__'s setting.
+            torch.set_num_threads(self.torch_threads)
 
         out: list[Any] = [None] * len(items)
         groups: dict[str | None, list[int]] = {}

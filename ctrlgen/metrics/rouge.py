@@ -37,8 +37,7 @@ Example:
 from __future__ import annotations
 
 import functools
-import itertools
-from collections import Counter, defaultdict
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -116,46 +115,86 @@ def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
 
 
 class _Inverted:
-    """key -> (reference ids, counts) arrays, plus per-reference totals."""
+    """Integer key -> postings (reference ids, counts) in flat arrays sorted by key, plus per-reference totals.
 
-    def __init__(self, bags: Sequence[Counter[object]]) -> None:
-        postings: dict[object, list[tuple[int, int]]] = defaultdict(list)
-        for i, bag in enumerate(bags):
-            for key, n in bag.items():
-                postings[key].append((i, n))
-        self.index = {k: (np.array([i for i, _ in v]), np.array([n for _, n in v])) for k, v in postings.items()}
-        self.totals = np.array([sum(b.values()) for b in bags], dtype=np.float64)
+    Keys are token ids (unigrams) or ``id1 * vocab + id2`` (bigrams). A candidate's overlap with every
+    reference takes a fixed handful of vectorised calls whatever its length: its distinct keys are found
+    with one ``searchsorted``, their postings cut out of the flat arrays with one index computation and
+    summed with ``bincount``. The cost thus follows the postings read (what a shard of the references
+    divides), not one Python step per distinct key.
+    """
 
-    def overlap(self, bag: Counter[object]) -> np.ndarray:
-        out = np.zeros(len(self.totals), dtype=np.float64)
-        for key, n in bag.items():
-            hit = self.index.get(key)
-            if hit is not None:
-                ids, counts = hit
-                out[ids] += np.minimum(counts, n)
-        return out
+    def __init__(self, keys_per_ref: Sequence[np.ndarray], totals: Sequence[int]) -> None:
+        parts = [np.unique(k, return_counts=True) for k in keys_per_ref]
+        keys = np.concatenate([u for u, _ in parts]) if parts else np.zeros(0, dtype=np.int64)
+        refs = np.concatenate([np.full(len(u), i, dtype=np.int64) for i, (u, _) in enumerate(parts)]) if parts else keys
+        counts = np.concatenate([c for _, c in parts]) if parts else keys
+        order = np.argsort(keys, kind="stable")
+        keys, self.ids, self.counts = keys[order], refs[order], counts[order].astype(np.float64)
+        self.keys, starts, self.lengths = np.unique(keys, return_index=True, return_counts=True)
+        self.starts = starts.astype(np.int64)
+        self.totals = np.asarray(totals, dtype=np.float64)
 
-    def f1_bound(self, bag: Counter[object]) -> np.ndarray:
-        denom = self.totals + sum(bag.values())
+    def overlap(self, keys: np.ndarray) -> np.ndarray:
+        """Per reference: sum over the candidate's keys of min(its count, the reference's count)."""
+        out_len = len(self.totals)
+        if len(keys) == 0 or len(self.keys) == 0:
+            return np.zeros(out_len, dtype=np.float64)
+        uniq, wants = np.unique(keys, return_counts=True)
+        at = np.searchsorted(self.keys, uniq)
+        at[at == len(self.keys)] = 0
+        hit = self.keys[at] == uniq
+        if not hit.any():
+            return np.zeros(out_len, dtype=np.float64)
+        at, wants = at[hit], wants[hit]
+        lengths = self.lengths[at]
+        ends = np.cumsum(lengths)
+        # Positions of every posting of those keys: key j's run starts at starts[at[j]].
+        pos = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(self.starts[at] - (ends - lengths), lengths)
+        weights = np.minimum(self.counts[pos], np.repeat(wants, lengths))
+        return np.bincount(self.ids[pos], weights=weights, minlength=out_len)
+
+    def f1_bound(self, keys: np.ndarray, n_candidate: int) -> np.ndarray:
+        denom = self.totals + n_candidate
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(denom > 0, 2.0 * self.overlap(bag) / denom, 0.0)
-
-
-def _bigrams(tokens: Sequence[str]) -> Counter[object]:
-    return Counter(itertools.pairwise(tokens))
+            return np.where(denom > 0, 2.0 * self.overlap(keys) / denom, 0.0)
 
 
 class RougeIndex:
     """The references of one maximum (a context set, or a whole fine-tuning set), indexed once."""
 
+    #: Candidates whose tokens are kept between :meth:`probe` and :meth:`best` (a sharded scorer calls both).
+    token_cache_size = 1024
+
     def __init__(self, references: Sequence[str]) -> None:
         self.references = list(references)
         self._toks = [tokenize(t) for t in self.references]
-        self._uni = _Inverted([Counter(t) for t in self._toks])
-        self._bi = _Inverted([_bigrams(t) for t in self._toks])
+        self._vocab: dict[str, int] = {}
+        ids = [np.array([self._vocab.setdefault(t, len(self._vocab)) for t in toks], dtype=np.int64)
+               for toks in self._toks]  # fmt: skip
+        self._v = max(len(self._vocab), 1)
+        self._uni = _Inverted(ids, [len(t) for t in self._toks])
+        self._bi = _Inverted([x[:-1] * self._v + x[1:] for x in ids], [max(len(t) - 1, 0) for t in self._toks])
+        self._cache: OrderedDict[str, tuple[list[str], np.ndarray, np.ndarray]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self.references)
+
+    def _tokens(self, candidate: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """The candidate's tokens, its unigram keys and its bigram keys (tokens unknown to the references
+        cannot overlap: their keys are dropped, their count stays in the candidate's length)."""
+        got = self._cache.get(candidate)
+        if got is None:
+            toks = tokenize(candidate)
+            vocab = self._vocab
+            x = np.fromiter((vocab.get(t, -1) for t in toks), dtype=np.int64, count=len(toks))
+            known = x >= 0
+            both = known[:-1] & known[1:]
+            got = (toks, x[known], (x[:-1] * self._v + x[1:])[both])
+            self._cache[candidate] = got
+            if len(self._cache) > self.token_cache_size:
+                self._cache.popitem(last=False)
+        return got
 
     def _lcs_search(self, toks: list[str], bound: np.ndarray, floor: float = 0.0) -> tuple[int, int, int]:
         """(best reference by LCS F1, its LCS length, exact LCS computations) in decreasing bound order.
@@ -178,10 +217,10 @@ class RougeIndex:
         """A cheap exact ROUGE-L lower bound: (F1, search F1 ``2*lcs/(|c|+|r|)``, reference) of the
         reference with the highest bound (one exact LCS). A sharded scorer takes the best probe over
         its shards as every shard's ``floor`` (see :meth:`best`)."""
-        toks = tokenize(candidate)
+        toks, uni, _ = self._tokens(candidate)
         if not self.references or not toks:
             return 0.0, 0.0, -1
-        bound = self._uni.f1_bound(Counter(toks))
+        bound = self._uni.f1_bound(uni, len(toks))
         i = int(bound.argmax())
         if bound[i] <= 0.0:
             return 0.0, 0.0, -1
@@ -196,15 +235,14 @@ class RougeIndex:
         """
         if not self.references:
             return RougeBest(0.0, -1, 0.0, -1, 0)
-        toks = tokenize(candidate)
-        bag = _bigrams(toks)
-        overlap = self._bi.overlap(bag)
-        denom = self._bi.totals + sum(bag.values())
+        toks, uni, bi = self._tokens(candidate)
+        n_bigrams = max(len(toks) - 1, 0)
+        overlap = self._bi.overlap(bi)
+        denom = self._bi.totals + n_bigrams
         with np.errstate(divide="ignore", invalid="ignore"):
             f2 = np.where(denom > 0, 2.0 * overlap / denom, 0.0)  # the ROUGE-2 F1 itself
         i2 = int(f2.argmax()) if f2.max() > 0 else -1
-        il, lcs, calls = self._lcs_search(toks, self._uni.f1_bound(Counter(toks)), floor)
-        n_bigrams = sum(bag.values())
+        il, lcs, calls = self._lcs_search(toks, self._uni.f1_bound(uni, len(toks)), floor)
         r2 = _fmeasure(int(overlap[i2]), n_bigrams, int(self._bi.totals[i2]), floor=1) if i2 >= 0 else 0.0
         rl = _fmeasure(lcs, len(toks), len(self._toks[il])) if il >= 0 else 0.0
         return RougeBest(r2, i2, rl, il, calls)
