@@ -66,18 +66,46 @@ class Generator:
     """Synthetic notes from (fictional) control codes: baseline, icl, icl_blocking, prefix."""
 
     def __init__(self, cfg_json: str) -> None:
-        import torch
+        from concurrent.futures import ThreadPoolExecutor
 
         from ctrlgen.fictional import FictionalCodes
-        from ctrlgen.generation.engine import HFEngine
-        from ctrlgen.generation.report import finetune_values
         from ctrlgen.generation.synthesis import SynthesisPlanner, corpus_values, load_pool_rows
-        from ctrlgen.models import load_causal_lm
 
         t0 = time.perf_counter()
         cfg = CtrlgenConfig.model_validate_json(cfg_json)
+        g = cfg.generation
+        # Every torch call of the replica (load, every batch) runs on this one thread. The replica's code runs
+        # off the process's main thread, and torch's OpenMP team is per calling thread: work spread over the
+        # default executor's threads ran ~18% slower (1.75 of 2 cores busy instead of 1.95; measured in a Ray
+        # actor, docs/benchmarks.md, Serve) than work kept on one thread.
+        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="ctrlgen-engine")
+        tokenizer = self._engine_thread.submit(self._load_models, cfg).result()
+        src = contexts_path(cfg)
+        self.planner = SynthesisPlanner(
+            load_pool_rows(src, g),
+            tokenizer,
+            g,
+            FictionalCodes(g.seed, corpus_values(src), same_counts=g.same_counts),
+        )
+        self.gate = g.gate
+        self.model_name = cfg.model.name
+        self._batch.set_max_batch_size(cfg.serve.generator_batch_size)
+        self._batch.set_batch_wait_timeout_s(cfg.serve.generator_batch_wait_s)
+        logger.info(
+            "Generator ready: model %s, pool %d, adapters %d, batch %d (%.1f s)",
+            cfg.model.name, len(self.planner.pool), len(self.finetune), cfg.serve.generator_batch_size,
+            time.perf_counter() - t0,
+        )  # fmt: skip
+
+    def _load_models(self, cfg: CtrlgenConfig) -> Any:
+        """On the engine thread: the base model, one engine per prefix adapter; returns the tokenizer."""
+        import torch
+
+        from ctrlgen.generation.engine import HFEngine
+        from ctrlgen.generation.report import finetune_values
+        from ctrlgen.models import load_causal_lm
+
         sv, g = cfg.serve, cfg.generation
-        self.torch_threads = sv.torch_threads
         if sv.torch_threads:
             torch.set_num_threads(sv.torch_threads)
         model, tokenizer = load_causal_lm(cfg.model)
@@ -95,22 +123,7 @@ class Generator:
                     load_prefix_model(model, storage.local_copy(path)), tokenizer, g.sampling, sv.generator_batch_size
                 )
                 self.finetune[name] = ValueIndex(finetune_values(storage.join(storage.parent(path), "train_data")))
-        src = contexts_path(cfg)
-        self.planner = SynthesisPlanner(
-            load_pool_rows(src, g),
-            tokenizer,
-            g,
-            FictionalCodes(g.seed, corpus_values(src), same_counts=g.same_counts),
-        )
-        self.gate = g.gate
-        self.model_name = cfg.model.name
-        self._batch.set_max_batch_size(sv.generator_batch_size)
-        self._batch.set_batch_wait_timeout_s(sv.generator_batch_wait_s)
-        logger.info(
-            "Generator ready: model %s, pool %d, adapters %d, batch %d (%.1f s)",
-            cfg.model.name, len(self.planner.pool), len(self.finetune), sv.generator_batch_size,
-            time.perf_counter() - t0,
-        )  # fmt: skip
+        return tokenizer
 
     def adapters(self) -> list[str]:
         return sorted(self.finetune)
@@ -199,20 +212,13 @@ class Generator:
         m.batch_size.observe(len(items), tags={"deployment": "Generator"})
         for it in items:
             m.queue_wait.observe(start - it.arrived, tags={"deployment": "Generator"})
-        # The engine runs in a thread: the replica keeps accepting requests, which fill the next batch.
-        gated = await asyncio.to_thread(self._run, items)
+        # The engine runs on its thread: the replica keeps accepting requests, which fill the next batch.
+        gated = await asyncio.get_running_loop().run_in_executor(self._engine_thread, self._run, items)
         logger.info("Generator batch: %d outputs in %.2f s", len(items), time.monotonic() - start)
         return [(g, len(items)) for g in gated]
 
     def _run(self, items: list[_Item]) -> list[Any]:
-        import torch
-
         from ctrlgen.generation.gate import gated_generate
-
-        if self.torch_threads:
-            # This runs in a worker thread: Ray starts the replica with OMP_NUM_THREADS = its num_cpus, and
-            # a new thread's MKL / OpenMP thread counts start from that, not from __init__'s setting.
-            torch.set_num_threads(self.torch_threads)
 
         out: list[Any] = [None] * len(items)
         groups: dict[str | None, list[int]] = {}
