@@ -255,6 +255,15 @@ class ExtractionConfig(_Model):
     expand_initials: bool = Field(
         False, description="Widen each PERSON over an initial right before or after it ('W. Marotta')."
     )
+    clinical_number_veto: bool = Field(
+        False,
+        description="Drop DATETIME spans that read as clinical numbers: ventilator settings ('PS 10/5'), pain "
+        "scores, fractions ('1/3 up'), blood pressures, 24-hour clock times ('@ 2000').",
+    )
+    propagate_mentions: bool = Field(
+        False,
+        description="Tag every other occurrence in a note of a (non-common) word of a found PERSON or LOC.",
+    )
     nlp_batch_size: int = Field(32, ge=1, description="Texts per spaCy nlp.pipe batch.")
     num_actors: int = Field(2, ge=1, description="Ray Data actor pool size (analyzer loaded once per actor).")
     actor_num_cpus: float = Field(

@@ -220,8 +220,15 @@ _DATE_ANCHOR = re.compile(
 )
 
 
-def results_to_entities(text: str, results: Sequence[Any], threshold: float, kinds: Sequence[str]) -> list[Entity]:
-    """Presidio results -> non-overlapping entities (higher score wins, then the longer span)."""
+def results_to_entities(
+    text: str, results: Sequence[Any], threshold: float, kinds: Sequence[str], keep_remainders: bool = False
+) -> list[Entity]:
+    """Presidio results -> non-overlapping entities (higher score wins, then the longer span).
+
+    With ``keep_remainders``, the words of a losing span that no winner covers stay, in the
+    losing span's category: when a name recognizer claims "Sacred" of "Sacred Heart Memorial"
+    at a higher score than the facility pattern's whole span, "Heart Memorial" is not dropped.
+    """
     cands = []
     for r in results:
         category = PRESIDIO_TO_CATEGORY.get(r.entity_type)
@@ -241,16 +248,57 @@ def results_to_entities(text: str, results: Sequence[Any], threshold: float, kin
     taken: list[tuple[int, int]] = []
     out = []
     for _score, _length, start, end, category, r in cands:
-        if any(start < e and s < end for s, e in taken):
-            continue
         kind = CATEGORY_KIND.get(category, "QUASI")
         if kind not in kinds:
             continue
-        taken.append((start, end))
+        pieces, remainder = [(start, end)], False
+        if any(start < e and s < end for s, e in taken):
+            if not keep_remainders:
+                continue
+            pieces, remainder = _uncovered_words(text, start, end, taken), True
         name = (r.recognition_metadata or {}).get("recognizer_name", "") if hasattr(r, "recognition_metadata") else ""
         source = "pattern" if name in PATTERN_RECOGNIZERS or name in _OWN else "presidio"
-        out.append(Entity(start, end, text[start:end], category, kind, source, r.entity_type))
+        for s0, e0 in pieces:
+            # a remainder that touches a winner of its category widens it ("Calvert" + "Hospital")
+            j = (
+                next(
+                    (j for j, o in enumerate(out) if o.category == category and _touch(text, o.start, o.end, s0, e0)),
+                    None,
+                )
+                if remainder
+                else None
+            )
+            taken.append((s0, e0))
+            if j is None:
+                out.append(Entity(s0, e0, text[s0:e0], category, kind, source, r.entity_type))
+            else:
+                o = out[j]
+                a, b = min(o.start, s0), max(o.end, e0)
+                out[j] = Entity(a, b, text[a:b], o.category, o.kind, o.source, o.label)
     out.sort(key=lambda e: (e.start, e.end))
+    return out
+
+
+_WORD_RUN = re.compile(r"\w[\w'\-.]*\w|\w")
+
+
+def _touch(text: str, a0: int, a1: int, b0: int, b1: int) -> bool:
+    """Whether two spans are separated by nothing but spaces."""
+    gap = text[a1:b0] if a1 <= b0 else text[b1:a0] if b1 <= a0 else ""
+    return gap.strip(" ") == "" and len(gap) <= 2
+
+
+def _uncovered_words(text: str, start: int, end: int, taken: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Runs of words of ``text[start:end]`` that no span of ``taken`` touches."""
+    out: list[tuple[int, int]] = []
+    for m in _WORD_RUN.finditer(text, start, end):
+        s, e = m.span()
+        if any(s < t and a < e for a, t in taken):
+            continue
+        if out and not text[out[-1][1] : s].strip():
+            out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
     return out
 
 
@@ -276,6 +324,131 @@ def expand_initials(text: str, entities: Sequence[Entity]) -> list[Entity]:
         if (start, end) != (e.start, e.end):
             out[i] = Entity(start, end, text[start:end], e.category, e.kind, e.source, e.label)
     return out
+
+
+_DATE_WORD = re.compile(
+    r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b|\b(?:mon|tues|wednes|thurs|fri|satur|sun)day\b"
+    r"|\b(?:christmas|thanksgiving|easter|new year)|\d(?:st|nd|rd|th)\b",
+    re.IGNORECASE,
+)
+_DATE_SHAPE = re.compile(
+    r"[(\[]?(?:\d{1,2}[/-]\d{1,2}(?:[/-](?:(?:19|20)\d{2}|\d{2}))?|(?:19|20)\d{2}|'?\d{2}'?)[)\].,;-]?"
+)
+_HHMM = re.compile(r"(?:[01]\d|2[0-3])[0-5]\d")
+# What comes before a number that is a setting, a score or a clock time, not a date:
+# ventilator settings ("PS 10/5", "CPAP of 5/5", "weaned to 5/5"), pain scores ("pain 5/10"),
+# clock times ("@ 2000", "due at 1930", "0700-1900").
+_SETTING_BEFORE = re.compile(
+    r"(?:\b(?:ps|psv|peep|cpap|bipap|bi-pap|simv|imv|vent|wean(?:ed|ing)? (?:down )?to|pressure support|settings?|"
+    r"mode|trial\w*|tried on|remained on|acceptable on|extubated from)\b[^\n]{0,12}$)",
+    re.IGNORECASE,
+)
+_SCORE_BEFORE = re.compile(r"\b(?:pain|cp|rat(?:es|ing)|scale|c/o|episode of|discomfort)\b[^\n]{0,14}$", re.IGNORECASE)
+_TIME_BEFORE = re.compile(
+    r"(?:[@~]|\b(?:at|approx\.?|aprox\.?|around|about|until|till|due))\s*$|\d{4}\s*-\s*$",
+    re.IGNORECASE,
+)
+_FRACTION_AFTER = re.compile(
+    r"\s*(?:way\b|up\b|of\b|dose|hours?\b|hrs?\b|str\b|strength|ns\b|nph|bottles|cp\b|pain|-\s*\d+/\d)",
+    re.IGNORECASE,
+)
+
+
+def is_clinical_number(text: str, start: int, end: int) -> bool:
+    """Whether a DATETIME span reads as a clinical number rather than a date.
+
+    Nursing notes are full of numbers shaped like dates: ventilator settings ("PS 10/5"),
+    pain scores ("5/10"), fractions ("crackles 1/3 up"), blood pressures ("99/49") and
+    24-hour clock times ("Lasix @ 2000", "0700-1900"). A span without a month or weekday
+    word must have a date's shape (m/d, m/d/y, m-d-y, a year, 'yy) with a possible month
+    and day, and must not sit where a setting, score, fraction or time is written.
+    """
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    span = text[start:end]
+    if _DATE_WORD.search(span):
+        return False
+    if not _DATE_SHAPE.fullmatch(span.strip()):
+        return True
+    before, after = text[max(0, start - 24) : start], text[end : end + 12]
+    if re.match(r"\s*%|'?s\b(?!/)", after):  # "40%", "in the 80's", not "'95 s/p"
+        return True
+    core = span.strip("()[].,;'-")
+    parts = re.split(r"[/-]", core)
+    if len(parts) >= 2:
+        m, d = int(parts[0]), int(parts[1])
+        month_year = len(parts) == 2 and len(parts[1]) == 2 and d > 31  # "8/88", "12/93"
+        if not (1 <= m <= 12 and (1 <= d <= 31 or month_year)):
+            return True
+        if len(parts) == 2 and (_SETTING_BEFORE.search(before) or _FRACTION_AFTER.match(after)):
+            return True
+        if len(parts) == 2 and d == 10 and _SCORE_BEFORE.search(before):  # pain 5/10
+            return True
+        return False
+    if len(core) == 4 and _HHMM.fullmatch(core) and (_TIME_BEFORE.search(before) or re.match(r"\s*-\s*\d{4}", after)):
+        return True
+    return False
+
+
+#: Words that name a kind of place, never one place: a LOC made of them alone is no identifier.
+GENERIC_PLACE_WORDS = frozenset(
+    """hospital hosp hospitals medical center ctr med clinic clinics floor floors ward wards unit units rehab
+    rehabilitation nursing home facility outside osh icu ccu micu sicu csru er ed or pacu cath lab room
+    campus the a an this that his her their same local""".split()
+)
+
+
+def is_generic_place(text: str) -> bool:
+    """Whether a LOC span is only generic place words ("Hospital", "the floor", "outside hospital")."""
+    words = re.findall(r"[A-Za-z]+", text.lower())
+    return bool(words) and all(w in GENERIC_PLACE_WORDS for w in words)
+
+
+def veto_clinical_numbers(text: str, entities: Sequence[Entity]) -> list[Entity]:
+    """The entities minus DATETIME spans that are clinical numbers (:func:`is_clinical_number`)."""
+    return [e for e in entities if e.category != "DATETIME" or not is_clinical_number(text, e.start, e.end)]
+
+
+_MENTION_WORD = re.compile(r"(?<![\w'-])[A-Za-z][A-Za-z\-]*[A-Za-z](?![\w-])")
+
+
+def propagate_mentions(text: str, entities: Sequence[Entity], common: frozenset[str] = frozenset()) -> list[Entity]:
+    """Every other occurrence in the text of a word of a PERSON or LOC entity, as that category.
+
+    A name found once ("Radu Crosson contacted") is a name everywhere in the same note
+    ("Radu wishes ..."). Only words of 3+ letters that are not common words (``common``,
+    lower case) spread, and only to places no entity covers.
+    """
+    words: dict[str, Entity] = {}
+    for e in entities:
+        if e.category in ("PERSON", "LOC"):
+            for m in _MENTION_WORD.finditer(e.text):
+                w = m.group(0).lower()
+                if len(w) >= 3 and w not in common and w not in words:
+                    words[w] = e
+    if not words:
+        return list(entities)
+    out = list(entities)
+    taken = sorted((e.start, e.end) for e in entities)
+    for m in _MENTION_WORD.finditer(text):
+        src = words.get(m.group(0).lower())
+        if src is None or any(s < m.end() and m.start() < t for s, t in taken):
+            continue
+        out.append(Entity(m.start(), m.end(), m.group(0), src.category, src.kind, "pattern", src.label))
+        taken.append((m.start(), m.end()))
+    out.sort(key=lambda e: (e.start, e.end))
+    return out
+
+
+def _vetoed(text: str, r: Any) -> bool:
+    category = PRESIDIO_TO_CATEGORY.get(r.entity_type)
+    if category == "DATETIME":
+        return is_clinical_number(text, r.start, r.end)
+    if category == "LOC":
+        return is_generic_place(text[r.start : r.end])
+    return False
 
 
 class PresidioExtractor:
@@ -324,6 +497,11 @@ class PresidioExtractor:
         )
         self._entities = sorted({e for r in registry.recognizers for e in r.supported_entities})
         self._kinds = identifier_kinds(identifiers)
+        self._common: frozenset[str] = frozenset()
+        if cfg.propagate_mentions and cfg.common_words:
+            self._common = (
+                NameLists.from_dirs(cfg.name_lists or "", cfg.common_words).common if cfg.name_lists else frozenset()
+            )
         self.load_seconds = time.perf_counter() - t0
 
     def extract_texts(self, texts: Sequence[str]) -> list[list[Entity]]:
@@ -338,7 +516,11 @@ class PresidioExtractor:
                 nlp_artifacts=nlp_artifacts,
                 score_threshold=self.cfg.score_threshold,
             )
-            ents = results_to_entities(text, results, self.cfg.score_threshold, self._kinds)
+            if self.cfg.clinical_number_veto:  # before overlaps are resolved: a vetoed span frees its place
+                results = [r for r in results if not _vetoed(text, r)]
+            ents = results_to_entities(text, results, self.cfg.score_threshold, self._kinds, keep_remainders=True)
+            if self.cfg.propagate_mentions:
+                ents = propagate_mentions(text, ents, self._common)
             out.append(expand_initials(text, ents) if self.cfg.expand_initials else ents)
         return out
 

@@ -102,15 +102,29 @@ DATE = RecognizerSpec(
             "m/d(/y)",
             # not ventilator / pressure settings ("PS 10/5", "PEEP 5/5") or fractions ("D5 1/2 NS")
             r"(?<!\b(?:ps|psv|peep|cpap|bipap|ac|imv|simv|bp|vent|settings|d5|d5w|at rate of|ps of|flowby|ventilation)"
-            r"\s{0,3})(?<![\d.%/'])(?<![\d.%/'] )"
+            r"\s{0,3})(?<![\d.%/'])(?<![\d%/'] )(?<!\d\. )"
             r"\b(?:1[0-2]|0?[1-9])/(?:3[01]|[12]\d|0?[1-9])(?:/(?:\d{4}|\d{2}))?\b"
             r"(?!\s*(?:ns|strength|mg|ml|peep|ps|cmh2o|%|amps?|tabs?|units?)\b)(?![/.]\d)",
             0.7,
         ),
         _P("y-m-d", r"\b\d{4}-\d{1,2}-\d{1,2}\b", 0.85),
+        # nursing notes' "3-24-17" (not a lab string "2245-105-4.7" nor a range "12-14-16 breaths")
+        _P(
+            "m-d-y",
+            r"(?<![\d.-])\b(?:1[0-2]|0?[1-9])-(?:3[01]|[12]\d|0?[1-9])-(?:\d{4}|\d{2})\b(?![-.]\d)"
+            r"(?!\s*(?:breaths|bpm|mg|ml|cc|mmhg|%))",
+            0.7,
+        ),
         _P("d month y", rf"\b\d{{1,2}}(?:st|nd|rd|th)? {_MONTHS}\.?,? \d{{4}}\b", 0.9),
         _P("month d, y", rf"\b{_MONTHS}\.? \d{{1,2}}(?:st|nd|rd|th)?(?:,? \d{{4}})?\b", 0.75),
-        _P("month y", rf"\b{_MONTHS}\.? (?:19|20)\d{{2}}\b", 0.75),
+        _P("month y", rf"\b{_MONTHS}\.?,? (?:of )?(?:19|20)\d{{2}}\b", 0.75),
+        _P("on the Nth", r"(?<=\bon the )(?:3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)\b", 0.6),
+        # past history: "CABG 81", "MI '92", "s/p AVR 8/88" (the year of a procedure or event)
+        _P(
+            "procedure 'yy",
+            r"(?<=\b(?:cabg|mi|ptca|pci|avr|mvr|stent|ppm|aicd|icd|nqwmi|imi|ami|cath|bka|aka|thr|tkr|cva|tia|dx|dx'd|diagnosed) )'?\d{2}\b(?![\d/.%:']|\s*(?:mg|mcg|ml|cc|units?|mm|cm|hrs?|min|x|%|yo|y/o|years?|pk|pack)\b)",
+            0.55,
+        ),
         _P(
             "year",
             # not a 24-hour time ("at 2000", "around 1930", "LABS=2000-BUN") nor an amount
@@ -146,6 +160,31 @@ ORGANISATION = RecognizerSpec(
         _P("hospital of X", r"\b(?:hospital|university|college) of (?:[a-z][a-z.'\-]+ ?){1,3}\b", 0.9),
     ),
 )
+# Hospitals and campuses named the way clinical notes name them (the gold of deid corpora
+# calls them locations): "Sacred Heart Memorial", "St Mary's", "Laurel Regional", "North Campus",
+# "U of MD", "VAMC". The name words must be capitalised where the pattern says (?-i:...).
+_CAP = r"(?-i:[A-Z][A-Za-z'\-]+)"
+CLINICAL_FACILITY = RecognizerSpec(
+    "ClinicalFacilityRecognizer",
+    "LOC",
+    (
+        _P(
+            "saint / sacred / holy + name",
+            rf"\b(?-i:St\.?|Saint) (?-i:[A-Z][a-z'\-]+)(?:'s)?|\b(?-i:ST\.?|SAINT|St\.?|Saint) {_CAP}(?:'s\b|(?= (?:hospital|medical center|memorial|campus|hosp)\b))"
+            r"|\b(?:sacred heart|holy (?:cross|family|name|spirit|redeemer))\b",
+            0.7,
+        ),
+        _P(
+            "name + regional / memorial / campus / hosp",
+            rf"\b{_NOT_NAME}{_CAP}(?: {_NOT_NAME}{_CAP})? (?:regional(?! (?:wall|anesth\w*|lymph\w*|block|motion|perfusion))|memorial|campus|medical center|med(?:ical)? ctr|med center)\b"
+            # "Calvert Hospital" in mixed case only: in upper-case notes "LEAVE HOSPITAL" reads the same
+            r"|\b(?-i:[A-Z][a-z'\-]+)(?: (?-i:[A-Z][a-z'\-]+))? (?:hospital|hosp)\b",
+            0.7,
+        ),
+        _P("university of", r"\b(?:university|univ\.?|u\.?) ?of ?(?-i:[A-Z][A-Za-z]+)\b", 0.7),
+        _P("veterans hospital", r"\b(?:vamc|va medical center|va hospital|vah)\b", 0.8),
+    ),
+)
 QUANTITY = RecognizerSpec(
     "MoneyPercentRecognizer",
     "QUANTITY",
@@ -160,7 +199,8 @@ QUANTITY = RecognizerSpec(
 
 #: The pattern recognizers ctrlgen adds, by name (configs list them by these names).
 PATTERN_RECOGNIZERS: dict[str, RecognizerSpec] = {
-    r.name: r for r in (ECHR_APPLICATION, MEDICAL_ID, PHONE, AGE, DATE, TITLED_NAME, ORGANISATION, QUANTITY)
+    r.name: r
+    for r in (ECHR_APPLICATION, MEDICAL_ID, PHONE, AGE, DATE, TITLED_NAME, ORGANISATION, CLINICAL_FACILITY, QUANTITY)
 }
 
 
@@ -213,7 +253,10 @@ NAME_CONTEXT = frozenset(
     brother sister aunt uncle niece nephew cousin grandson granddaughter grandmother grandfather friend girlfriend
     boyfriend fiance fiancee spouse hcp proxy named""".split()
 )
-_TITLES = frozenset("dr doctor drs mr mrs ms miss mister".split())
+_TITLES = frozenset("dr doctor drs mr mrs ms miss mister rabbi reverend rev chaplain".split())
+#: Credentials written after a clinician's name ("Q. Lander RRT", "Kavaliunas NP", "Foley, CRT").
+#: Not "PT", "OT", "PA", "DO": in notes they are the patient, therapy, an artery, a verb.
+CREDENTIALS = frozenset("md rn np rrt crt licsw lcsw msw cns slp dds phd".split())
 _WORD = r"(?<![\w])[A-Za-z][A-Za-z'\-]*(?![\w])"  # a word standing alone ("sao2" is no word)
 
 
@@ -291,17 +334,34 @@ def _dictionary_recognizer_class() -> Any:
                 for i, (t, s, e) in enumerate(toks):
                     hit = is_name[i]
                     u = ups[i]
-                    prev = toks[i - 1][0].lower().rstrip(".:,") if i else ""
+                    bare = t.strip("'-")
+                    prev = toks[i - 1][0].lower().rstrip(".:,-") if i else ""
                     prev = prev[:-2] if prev.endswith("'s") else prev
+                    gap = text[toks[i - 1][2] : s] if i else ""
                     adjacent = i > 0 and toks[i - 1][2] + 2 >= s
+                    close = i > 0 and gap in (" ", "  ", ". ", ".", ".  ", "- ", "-", " - ", ", ")
+                    wordlike = len(bare) > 1 and bare.replace("'", "").replace("-", "").isalpha()
+                    titled = close and prev in _TITLES and "," not in gap
                     if not hit and u in L.ambiguous and len(u) > 1:
                         near = (adjacent and is_name[i - 1]) or (
                             i + 1 < len(toks) and is_name[i + 1] and e + 2 >= toks[i + 1][1]
                         )
-                        titled = prev in _TITLES and not toks[i - 1][0].endswith(":")  # "ms:" is mental status
                         related = prev in NAME_CONTEXT and not titled and u in L.first  # "son bill", not "wedding"
                         hit = (titled and u not in L.commonest) or related or (near and u not in L.commonest)
-                    bare = t.strip("'-")
+                    if not hit and wordlike and close:
+                        # "Dr. Gateman", "husband milovan", "daughter- Krissy": a word that is no common
+                        # word, right after a title or a relation word, is a name (a common one after a
+                        # title only when it is not among the commonest: "Dr. Price", not "Dr. will")
+                        if titled:
+                            hit = u not in L.commonest
+                        elif prev in NAME_CONTEXT:
+                            hit = bare.lower() not in L.common
+                    if not hit and wordlike and u not in L.commonest and i + 1 < len(toks):
+                        # a name right before a credential: "Lander RRT", "Kavaliunas NP", "Foley, CRT"
+                        nxt, gap2 = toks[i + 1][0], text[e : toks[i + 1][1]]
+                        cred = nxt.lower().rstrip(".")
+                        if cred in CREDENTIALS and gap2 in (" ", ", ", ",", "  "):
+                            hit = True
                     if (
                         not hit
                         and i > 0
