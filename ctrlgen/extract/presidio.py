@@ -246,7 +246,7 @@ def results_to_entities(
             cands.append((r.score, end - start, start, end, category, r))
     cands.sort(key=lambda c: (-c[0], -c[1], c[2]))
     taken: list[tuple[int, int]] = []
-    out = []
+    out: list[Entity] = []
     for _score, _length, start, end, category, r in cands:
         kind = CATEGORY_KIND.get(category, "QUASI")
         if kind not in kinds:
