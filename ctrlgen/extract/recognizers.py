@@ -302,6 +302,37 @@ class NameLists:
                          up(first))  # fmt: skip
 
 
+#: Words that follow "Dr." without being a name ("Dr. aware", "Dr. to see").
+_NOT_AFTER_TITLE = frozenset(
+    """a an the to in at on of for by with and or is was are were be been aware notified called paged informed
+    here there made said states stated came saw see seen updated spoke ordered order orders note notes office team
+    on-call oncall covering visit visited """.split()
+)
+
+
+def _is_initial(text: str, tok: tuple[str, int, int], next_start: int) -> bool:
+    """A one-letter word standing alone before ". " and the next word ("Q. Lander", not "500'S. SATS")."""
+    t, s, e = tok
+    return len(t) == 1 and t.isalpha() and (s == 0 or text[s - 1] in " \t\n(") and text[e:next_start] in (". ", ".  ")
+
+
+def _mixed_case(w: str) -> bool:
+    return len(w) > 1 and w[:1].isupper() and w[1:].islower()
+
+
+def _split_relations(toks: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """Split a hyphenated token that starts with a relation word ("DAUGHTER-KRISSY") in two."""
+    out = []
+    for t, s, e in toks:
+        head, sep, tail = t.partition("-")
+        if sep and head.lower() in NAME_CONTEXT and tail.strip("-")[:1].isalpha():
+            out.append((head, s, s + len(head)))
+            out.append((tail, s + len(head) + 1, e))
+        else:
+            out.append((t, s, e))
+    return out
+
+
 def _dictionary_recognizer_class() -> Any:
     import re
 
@@ -326,11 +357,13 @@ def _dictionary_recognizer_class() -> Any:
 
         def analyze(self, text: str, entities: list[str], nlp_artifacts: Any = None) -> list[Any]:
             L = self.lists
-            toks = [(m.group(0), m.start(), m.end()) for m in word.finditer(text)]
+            toks = _split_relations([(m.group(0), m.start(), m.end()) for m in word.finditer(text)])
             ups = [t.upper().strip("'-") for t, _, _ in toks]
             is_name = [u in L.names for u in ups]
             out = []
             if "PERSON" in entities:
+                hits = [False] * len(toks)
+                titled_hit = [False] * len(toks)
                 for i, (t, s, e) in enumerate(toks):
                     hit = is_name[i]
                     u = ups[i]
@@ -341,7 +374,8 @@ def _dictionary_recognizer_class() -> Any:
                     adjacent = i > 0 and toks[i - 1][2] + 2 >= s
                     close = i > 0 and gap in (" ", "  ", ". ", ".", ".  ", "- ", "-", " - ", ", ")
                     wordlike = len(bare) > 1 and bare.replace("'", "").replace("-", "").isalpha()
-                    titled = close and prev in _TITLES and "," not in gap
+                    capitalised = bare[:1].isupper()
+                    titled = close and prev in _TITLES and gap in (" ", "  ", ". ", ".", ".  ")  # not "MS- pt"
                     if not hit and u in L.ambiguous and len(u) > 1:
                         near = (adjacent and is_name[i - 1]) or (
                             i + 1 < len(toks) and is_name[i + 1] and e + 2 >= toks[i + 1][1]
@@ -350,35 +384,59 @@ def _dictionary_recognizer_class() -> Any:
                         hit = (titled and u not in L.commonest) or related or (near and u not in L.commonest)
                     if not hit and wordlike and close:
                         # "Dr. Gateman", "husband milovan", "daughter- Krissy": a word that is no common
-                        # word, right after a title or a relation word, is a name (a common one after a
-                        # title only when it is not among the commonest: "Dr. Price", not "Dr. will")
+                        # word, right after a title or a relation word, is a name. After a title, a
+                        # capitalised word is a name unless it is a function word ("Dr. Price", not "Dr. aware").
                         if titled:
-                            hit = u not in L.commonest
+                            hit = u not in L.commonest or (capitalised and bare.lower() not in _NOT_AFTER_TITLE)
+                            titled_hit[i] = hit
                         elif prev in NAME_CONTEXT:
                             hit = bare.lower() not in L.common
-                    if not hit and wordlike and u not in L.commonest and i + 1 < len(toks):
+                    if not hit and wordlike and i + 1 < len(toks) and (u not in L.commonest or _mixed_case(bare)):
                         # a name right before a credential: "Lander RRT", "Kavaliunas NP", "Foley, CRT"
                         nxt, gap2 = toks[i + 1][0], text[e : toks[i + 1][1]]
                         cred = nxt.lower().rstrip(".")
                         if cred in CREDENTIALS and gap2 in (" ", ", ", ",", "  "):
                             hit = True
+                    if not hit and i > 0 and wordlike and capitalised:
+                        # a capitalised word after a first name, a titled name or an initial
+                        # ("Leona Labowich", "Dr Will Cole", "Q. Lander"): not a common word, or (after an
+                        # initial) not one of the commonest
+                        p = toks[i - 1][0]
+                        initial = _is_initial(text, toks[i - 1], s)
+                        first = ups[i - 1] in L.first and p.lower() not in L.common
+                        uncommon = bare.lower() not in L.common
+                        hit = (uncommon and (first or titled_hit[i - 1]) and adjacent) or (
+                            initial and (uncommon or (_mixed_case(bare) and u not in L.commonest))
+                        )
+                    if not hit and i > 0 and wordlike and len(toks[i - 1][0]) == 1:
+                        # "d. renna", "s. roberto": a lower-case initial and an uncommon word
+                        hit = _is_initial(text, toks[i - 1], s) and bare.lower() not in L.common
+                    hits[i] = hit
+                # back from a name: an initial ("G. Levine") and an uncommon capitalised word before
+                # it ("Radu Crosson", "Francis G. Levine", "Warren Kavaliunas")
+                for i in range(len(toks) - 1, 0, -1):
+                    if not hits[i]:
+                        continue
+                    j = i - 1
+                    p, ps, pe = toks[j]
+                    if _is_initial(text, toks[j], toks[i][1]):
+                        hits[j] = True
+                        continue
+                    bare = p.strip("'-")
                     if (
-                        not hit
-                        and i > 0
+                        not hits[j]
+                        and text[pe : toks[i][1]] == " "
                         and len(bare) > 1
                         and bare[:1].isupper()
-                        and bare.isalpha()
-                        and (t.lower() not in L.common)
+                        and bare.replace("'", "").replace("-", "").isalpha()
+                        and bare.lower() not in L.common
+                        and bare.lower() not in NAME_CONTEXT
                     ):
-                        # an unknown capitalised bare after a first name or an initial ("Leona Labowich", "Q. Lander")
-                        p = toks[i - 1][0]
-                        initial = len(p) == 1 and p.isupper() and text[toks[i - 1][2] : s] in (". ", ".  ")
-                        first = ups[i - 1] in L.first and p.lower() not in L.common
-                        hit = (first and adjacent) or initial
-                        if hit and initial:
-                            out.append(RecognizerResult("PERSON", toks[i - 1][1], toks[i - 1][2] + 1, self.score))
-                    if hit:
-                        out.append(RecognizerResult("PERSON", s, e, self.score))
+                        hits[j] = True
+                for i, (t, s, e) in enumerate(toks):
+                    if hits[i]:
+                        end = e + 1 if len(t) == 1 and text[e : e + 1] == "." else e
+                        out.append(RecognizerResult("PERSON", s, end, self.score))
             if "LOC" in entities:
                 for i in range(len(toks)):
                     for n in (4, 3, 2, 1):
