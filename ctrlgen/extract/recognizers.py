@@ -375,7 +375,12 @@ def _dictionary_recognizer_class() -> Any:
                     close = i > 0 and gap in (" ", "  ", ". ", ".", ".  ", "- ", "-", " - ", ", ")
                     wordlike = len(bare) > 1 and bare.replace("'", "").replace("-", "").isalpha()
                     capitalised = bare[:1].isupper()
-                    titled = close and prev in _TITLES and gap in (" ", "  ", ". ", ".", ".  ")  # not "MS- pt"
+                    titled = (
+                        close
+                        and prev in _TITLES
+                        and gap in (" ", "  ", ". ", ".", ".  ")
+                        and toks[i - 1][0][-1] not in "-:"
+                    )  # not "MS- pt", "ms: alert"
                     if not hit and u in L.ambiguous and len(u) > 1:
                         near = (adjacent and is_name[i - 1]) or (
                             i + 1 < len(toks) and is_name[i + 1] and e + 2 >= toks[i + 1][1]
@@ -405,8 +410,11 @@ def _dictionary_recognizer_class() -> Any:
                         initial = _is_initial(text, toks[i - 1], s)
                         first = ups[i - 1] in L.first and p.lower() not in L.common
                         uncommon = bare.lower() not in L.common
-                        hit = (uncommon and (first or titled_hit[i - 1]) and adjacent) or (
-                            initial and (uncommon or (_mixed_case(bare) and u not in L.commonest))
+                        after_title = titled_hit[i - 1] and u not in L.commonest and text[toks[i - 1][2] : s] == " "
+                        hit = (
+                            (uncommon and first and adjacent)
+                            or (after_title and adjacent)
+                            or (initial and (uncommon or (_mixed_case(bare) and u not in L.commonest)))
                         )
                     if not hit and i > 0 and wordlike and len(toks[i - 1][0]) == 1:
                         # "d. renna", "s. roberto": a lower-case initial and an uncommon word
@@ -429,8 +437,9 @@ def _dictionary_recognizer_class() -> Any:
                         and len(bare) > 1
                         and bare[:1].isupper()
                         and bare.replace("'", "").replace("-", "").isalpha()
-                        and bare.lower() not in L.common
+                        and (bare.lower() not in L.common or ups[j] in L.first)
                         and bare.lower() not in NAME_CONTEXT
+                        and bare.lower() not in _NOT_AFTER_TITLE
                     ):
                         hits[j] = True
                 for i, (t, s, e) in enumerate(toks):
