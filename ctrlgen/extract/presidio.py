@@ -411,7 +411,7 @@ def veto_clinical_numbers(text: str, entities: Sequence[Entity]) -> list[Entity]
     return [e for e in entities if e.category != "DATETIME" or not is_clinical_number(text, e.start, e.end)]
 
 
-_MENTION_WORD = re.compile(r"(?<![\w'-])[A-Za-z][A-Za-z\-]*[A-Za-z](?![\w-])")
+_MENTION_WORD = re.compile(r"(?<![\w'-])[A-Za-z][A-Za-z\-]*[A-Za-z](?![A-Za-z-])")  # "QUARTERMAIN7" too
 
 
 def propagate_mentions(text: str, entities: Sequence[Entity], common: frozenset[str] = frozenset()) -> list[Entity]:

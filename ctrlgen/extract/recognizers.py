@@ -102,7 +102,7 @@ DATE = RecognizerSpec(
             "m/d(/y)",
             # not ventilator / pressure settings ("PS 10/5", "PEEP 5/5") or fractions ("D5 1/2 NS")
             r"(?<!\b(?:ps|psv|peep|cpap|bipap|ac|imv|simv|bp|vent|settings|d5|d5w|at rate of|ps of|flowby|ventilation)"
-            r"\s{0,3})(?<![\d.%/'])(?<![\d%/'] )(?<!\d\. )"
+            r"\s{0,3})(?<![\d.%/'])(?<![\d%/'] )"
             r"\b(?:1[0-2]|0?[1-9])/(?:3[01]|[12]\d|0?[1-9])(?:/(?:\d{4}|\d{2}))?\b"
             r"(?!\s*(?:ns|strength|mg|ml|peep|ps|cmh2o|%|amps?|tabs?|units?)\b)(?![/.]\d)",
             0.7,
@@ -118,11 +118,17 @@ DATE = RecognizerSpec(
         _P("d month y", rf"\b\d{{1,2}}(?:st|nd|rd|th)? {_MONTHS}\.?,? \d{{4}}\b", 0.9),
         _P("month d, y", rf"\b{_MONTHS}\.? \d{{1,2}}(?:st|nd|rd|th)?(?:,? \d{{4}})?\b", 0.75),
         _P("month y", rf"\b{_MONTHS}\.?,? (?:of )?(?:19|20)\d{{2}}\b", 0.75),
+        _P(
+            "m/yy",
+            # "s/p AVR 8/88", "ovarian CA (12/93)": a second number above 31 can only be a year
+            r"(?<!\b(?:ps|psv|peep|cpap|bipap|bp|vent|pap|pa)\s{0,3})(?<![\d.%/'])\b(?:1[0-2]|0?[1-9])/(?:3[2-9]|[4-9]\d)\b(?![/.]\d|\s*%)",
+            0.6,
+        ),
         _P("on the Nth", r"(?<=\bon the )(?:3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)\b", 0.6),
         # past history: "CABG 81", "MI '92", "s/p AVR 8/88" (the year of a procedure or event)
         _P(
             "procedure 'yy",
-            r"(?<=\b(?:cabg|mi|ptca|pci|avr|mvr|stent|ppm|aicd|icd|nqwmi|imi|ami|cath|bka|aka|thr|tkr|cva|tia|dx|dx'd|diagnosed) )'?\d{2}\b(?![\d/.%:']|\s*(?:mg|mcg|ml|cc|units?|mm|cm|hrs?|min|x|%|yo|y/o|years?|pk|pack)\b)",
+            r"(?<=\b(?:cabg|mi|ptca|pci|avr|mvr|stent|ppm|aicd|icd|nqwmi|imi|ami|cath|bka|aka|thr|tkr|cva|tia|dx|dx'd|diagnosed) )'?\d{2}\b(?![\d/%:']|\.\d|\s*(?:mg|mcg|ml|cc|units?|mm|cm|hrs?|min|x|%|yo|y/o|years?|pk|pack)\b)",
             0.55,
         ),
         _P(
@@ -130,6 +136,11 @@ DATE = RecognizerSpec(
             # not a 24-hour time ("at 2000", "around 1930", "LABS=2000-BUN") nor an amount
             r"(?<!\b(?:at|around|about|by|until|till|before|after|from|to|labs?)\s{0,2})(?<![=@:])"
             r"\b(?:19\d\d|20\d\d)\b(?![-:])(?!\s*(?:hrs?|h|pm|am|cc|ccs|ml|mls|mg|kcal|cal|calories|units?)\b)",
+            0.55,
+        ),
+        _P(
+            "'yy procedure",
+            r"(?:(?<=[.;:,] )|(?<=^)|(?<=\n))'?\d{2}(?= (?:ptca|pci|stent|cabg|avr|mvr|mi|cath|cva|tia)\b)",
             0.55,
         ),
         _P("yy' / 'yy", r"(?<=\D')\d{2}\b(?!')|\b\d{2}(?='(?![s\w]))", 0.55),
@@ -182,6 +193,16 @@ CLINICAL_FACILITY = RecognizerSpec(
             0.7,
         ),
         _P("university of", r"\b(?:university|univ\.?|u\.?) ?of ?(?-i:[A-Z][A-Za-z]+)\b", 0.7),
+        _P(
+            "street address",
+            r"\b\d{1,5} (?-i:[A-Z][A-Za-z]+ ){1,3}(?:st|street|ave|avenue|rd|road|blvd|boulevard|dr|drive|lane|ln|way|court|ct|place|pl)\b\.?",
+            0.7,
+        ),
+        _P(
+            "lives in / moved from",
+            r"(?<=\b(?:lives|living|resides|resident|moved|moving|relocated|home) (?:in|at|to|from|near) )(?:(?-i:[A-Z][A-Za-z'\-]+|[A-Z]{2})(?: (?-i:[A-Z][A-Za-z'\-]+))?)\b",
+            0.6,
+        ),
         _P("veterans hospital", r"\b(?:vamc|va medical center|va hospital|vah)\b", 0.8),
     ),
 )
@@ -290,7 +311,8 @@ class NameLists:
             raise AssetError(f"{lists_dir} holds no deid-format name lists (female_names_unambig.txt, ...)")
         ambiguous = read(lists_dir, "female_names_ambig.txt", "male_names_ambig.txt", "last_names_ambig.txt",
                          "female_names_popular.txt", "male_names_popular.txt", "last_names_popular.txt")  # fmt: skip
-        places = read(lists_dir, "locations_unambig.txt", "local_places_unambig.txt", "stripped_hospitals.txt")
+        places = read(lists_dir, "locations_unambig.txt", "local_places_unambig.txt", "stripped_hospitals.txt",
+                      "company_names_unambig.txt")  # fmt: skip
         common = read(dict_dir, "common_words.txt", "commonest_words.txt", "notes_common.txt", "sno_edited.txt")
         commonest = {c.upper() for c in read(dict_dir, "commonest_words.txt", "notes_common.txt")}
         low = {c.lower() for c in common}
