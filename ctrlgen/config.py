@@ -203,6 +203,13 @@ class NerTrainingConfig(_Model):
         description="Share of documents with spans seen with surrogate names / places / digits per epoch "
         "(needs extraction.name_lists).",
     )  # fmt: skip
+    width: int | None = Field(
+        None,
+        ge=16,
+        description="None: fine-tune the base pipeline's NER. A number: train a fresh, smaller NER of this "
+        "tok2vec width (with `depth`) from the base pipeline's tokenizer; it runs faster (cost ~ width^2 x depth).",
+    )
+    depth: int = Field(4, ge=1, le=8, description="Convolution layers of a fresh NER's tok2vec (with `width`).")
     folds: int = Field(5, ge=2, description="Patient folds of the extraction report's cross-validation.")
     workers: int = Field(2, ge=1, description="Folds trained in parallel processes.")
 
@@ -258,7 +265,8 @@ class ExtractionConfig(_Model):
     clinical_number_veto: bool = Field(
         False,
         description="Drop DATETIME spans that read as clinical numbers: ventilator settings ('PS 10/5'), pain "
-        "scores, fractions ('1/3 up'), blood pressures, 24-hour clock times ('@ 2000').",
+        "scores, fractions ('1/3 up'), blood pressures, 24-hour clock times ('@ 2000'); and LOC spans made of "
+        "generic place words only ('the hospital', 'ICU').",
     )
     propagate_mentions: bool = Field(
         False,

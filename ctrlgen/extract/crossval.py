@@ -47,7 +47,9 @@ class TrainJob:
 
 def ner_model_dir(cache: Path, docs: Sequence[Document], how: NerTrainingConfig, base_model: str, name: str) -> Path:
     """A cache directory keyed by the training documents and settings."""
-    key = [sorted(d.doc_id for d in docs), how.model_dump(exclude={"folds", "workers"}), base_model]
+    # a fine-tuned base NER keeps the key it had before width / depth existed
+    skip = {"folds", "workers"} | ({"width", "depth"} if how.width is None else set())
+    key = [sorted(d.doc_id for d in docs), how.model_dump(exclude=skip), base_model]
     h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
     return cache / f"{name}-{h.hexdigest()[:12]}"
 
@@ -57,7 +59,8 @@ def _train(job: TrainJob) -> NerTrainResult:
     pools = Surrogates.from_dir(job.name_lists) if job.name_lists and h.augment_share > 0 else None
     return train_ner(job.docs, job.out, job.base_model, h.epochs, h.seed, h.dropout, h.negatives, pools,
                      h.augment_share, job.trained_on,
-                     log=lambda m: print(f"train-ner [{tag}]: {m}", file=sys.stderr, flush=True))  # fmt: skip
+                     log=lambda m: print(f"train-ner [{tag}]: {m}", file=sys.stderr, flush=True),
+                     width=h.width, depth=h.depth)  # fmt: skip
 
 
 def train_cached(jobs: list[TrainJob], workers: int) -> list[str]:

@@ -172,6 +172,36 @@ class NerTrainResult:
         )
 
 
+def _ner_model_config(width: int, depth: int) -> dict[str, Any]:
+    """spaCy's NER architecture (as in en_core_web_sm) with a narrower / shallower tok2vec."""
+    return {
+        "@architectures": "spacy.TransitionBasedParser.v2",
+        "state_type": "ner",
+        "extra_state_tokens": False,
+        "hidden_width": 64,
+        "maxout_pieces": 2,
+        "use_upper": True,
+        "nO": None,
+        "tok2vec": {
+            "@architectures": "spacy.Tok2Vec.v2",
+            "embed": {
+                "@architectures": "spacy.MultiHashEmbed.v2",
+                "width": width,
+                "attrs": ["NORM", "PREFIX", "SUFFIX", "SHAPE"],
+                "rows": [5000, 1000, 2500, 2500],
+                "include_static_vectors": False,
+            },
+            "encode": {
+                "@architectures": "spacy.MaxoutWindowEncoder.v2",
+                "width": width,
+                "depth": depth,
+                "window_size": 1,
+                "maxout_pieces": 3,
+            },
+        },
+    }
+
+
 def train_ner(
     docs: Sequence[Document],
     out_dir: str | Path,
@@ -184,6 +214,8 @@ def train_ner(
     augment_share: float = 0.5,
     trained_on: dict[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
+    width: int | None = None,
+    depth: int = 4,
 ) -> NerTrainResult:
     """Fine-tune ``base_model``'s NER on ``docs``' entities; save the pipeline to ``out_dir``.
 
@@ -199,10 +231,14 @@ def train_ner(
     say = log or (lambda m: print(f"train-ner: {m}", file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     fix_random_seed(seed)
-    nlp = load_spacy(base_model, exclude=_DROP_FROM_BASE)
-    if "ner" not in nlp.pipe_names:
-        raise CtrlgenError(f"{base_model} has no ner component to fine-tune")
-    ner = nlp.get_pipe("ner")
+    if width is None:
+        nlp = load_spacy(base_model, exclude=_DROP_FROM_BASE)
+        if "ner" not in nlp.pipe_names:
+            raise CtrlgenError(f"{base_model} has no ner component to fine-tune")
+        ner = nlp.get_pipe("ner")
+    else:  # a fresh, smaller NER on the base pipeline's tokenizer
+        nlp = load_spacy(base_model, exclude=[*_DROP_FROM_BASE, "ner"])
+        ner = nlp.add_pipe("ner", config={"model": _ner_model_config(width, depth)})
     for label in LABELS:
         ner.add_label(label)
     examples = spacy_examples(nlp, docs)
@@ -212,7 +248,11 @@ def train_ner(
     if not pos:
         raise CtrlgenError("no training document has an entity to learn from")
     n_spans = sum(len(ex.reference.ents) for ex in pos)
-    optimizer = nlp.resume_training()
+    if width is None:
+        optimizer = nlp.resume_training()
+    else:  # only the new component: the base vocabulary and tokenizer stay as they are (no lookup tables)
+        ner.initialize(lambda: examples, nlp=nlp)
+        optimizer = nlp.create_optimizer()
     rng = random.Random(seed)
     losses_by_epoch = []
     for epoch in range(epochs):
@@ -233,6 +273,8 @@ def train_ner(
         nlp.to_disk(out)
     res = NerTrainResult(str(out), len(docs), n_spans, epochs, seed, time.perf_counter() - t0, losses_by_epoch,
                          dict(trained_on or {}, base_model=base_model, dropout=dropout, negatives=negatives,
-                              augment_share=augment_share if surrogates else 0.0))  # fmt: skip
+                              augment_share=augment_share if surrogates else 0.0,
+                              architecture="fine-tuned base NER" if width is None
+                              else f"fresh NER, tok2vec width {width}, depth {depth}"))  # fmt: skip
     (out / META_FILE).write_text(json.dumps(asdict(res), indent=2) + "\n", encoding="utf-8")
     return res

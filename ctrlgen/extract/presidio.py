@@ -349,7 +349,7 @@ _TIME_BEFORE = re.compile(
     re.IGNORECASE,
 )
 _FRACTION_AFTER = re.compile(
-    r"\s*(?:way\b|up\b|of\b|dose|hours?\b|hrs?\b|str\b|strength|ns\b|nph|bottles|cp\b|pain|-\s*\d+/\d)",
+    r"\s*(?:way\b|up\b|of\b|dose|hours?\b|hrs?\b|str\b|strength|ns\b|nph|bottles|cp\b|pain|-\s*[1-3]/[2-4]\b)",
     re.IGNORECASE,
 )
 
@@ -411,6 +411,38 @@ def veto_clinical_numbers(text: str, entities: Sequence[Entity]) -> list[Entity]
     return [e for e in entities if e.category != "DATETIME" or not is_clinical_number(text, e.start, e.end)]
 
 
+_NEXT_WORD = re.compile(r"( | and )([A-Za-z][A-Za-z'\-]*[A-Za-z])(?![\w'-])")
+_NOT_A_NAME = frozenset("pt pts patient md rn np family wife husband son daughter mother father".split())
+
+
+def _same_case(a: str, b: str) -> bool:
+    return (a.isupper() and b.isupper()) or (a.islower() and b.islower()) or (a[:1].isupper() and b[:1].isupper())
+
+
+def extend_names(text: str, entities: Sequence[Entity], common: frozenset[str] = frozenset()) -> list[Entity]:
+    """PERSON entities followed by an uncommon word of the same case take it too: the surname
+    after a found first name ("Lopie Certusi"), the second of two names ("suzette and ank")."""
+    out = list(entities)
+    taken = [(e.start, e.end) for e in out]
+    for e in list(out):
+        if e.category != "PERSON":
+            continue
+        m = _NEXT_WORD.match(text, e.end)
+        if m is None:
+            continue
+        w = m.group(2)
+        low = w.lower()
+        if low in common or low in _NOT_A_NAME or not _same_case(e.text.split()[-1], w):
+            continue
+        s, t = m.start(2), m.end(2)
+        if any(a < t and s < b for a, b in taken):
+            continue
+        taken.append((s, t))
+        out.append(Entity(s, t, w, "PERSON", e.kind, "pattern", e.label))
+    out.sort(key=lambda x: (x.start, x.end))
+    return out
+
+
 _MENTION_WORD = re.compile(r"(?<![\w'-])[A-Za-z][A-Za-z\-]*[A-Za-z](?![A-Za-z-])")  # "QUARTERMAIN7" too
 
 
@@ -442,12 +474,35 @@ def propagate_mentions(text: str, entities: Sequence[Entity], common: frozenset[
     return out
 
 
+#: Words a name recognizer may take for a name but that name no one in a note: relations
+#: ("son", "Sister") and devices named after people ("Hickman", "Shiley", "Quinton").
+NOT_NAME_WORDS = frozenset(
+    """son sons daughter daughters dtr wife husband mother father brother brothers sister sisters niece neice nephew
+    aunt uncle cousin grandson granddaughter grandmother grandfather friend spouse proxy hcp per""".split()
+)
+DEVICE_EPONYMS = frozenset(
+    """hickman shiley quinton groshong swan ganz cordis penrose dobhoff kerlix jackson pratt blakemore
+    sengstaken minnesota salem bovie doppler holter coude""".split()
+)
+
+
+def is_not_a_name(span: str, from_ner: bool) -> bool:
+    """Whether a PERSON span is only relation words, or (from the NER) only device eponyms."""
+    words = re.findall(r"[A-Za-z]+", span.lower())
+    if not words:
+        return True
+    return all(w in NOT_NAME_WORDS for w in words) or (from_ner and all(w in DEVICE_EPONYMS for w in words))
+
+
 def _vetoed(text: str, r: Any) -> bool:
     category = PRESIDIO_TO_CATEGORY.get(r.entity_type)
     if category == "DATETIME":
         return is_clinical_number(text, r.start, r.end)
     if category == "LOC":
         return is_generic_place(text[r.start : r.end])
+    if category == "PERSON":
+        name = (r.recognition_metadata or {}).get("recognizer_name", "")
+        return is_not_a_name(text[r.start : r.end], name == "SpacyRecognizer")
     return False
 
 
@@ -520,7 +575,7 @@ class PresidioExtractor:
                 results = [r for r in results if not _vetoed(text, r)]
             ents = results_to_entities(text, results, self.cfg.score_threshold, self._kinds, keep_remainders=True)
             if self.cfg.propagate_mentions:
-                ents = propagate_mentions(text, ents, self._common)
+                ents = propagate_mentions(text, extend_names(text, ents, self._common), self._common)
             out.append(expand_initials(text, ents) if self.cfg.expand_initials else ents)
         return out
 

@@ -80,7 +80,7 @@ PHONE = RecognizerSpec(
         ),
         _P(
             "pager / beeper / extension",
-            r"(?<=\b(?:pager|beeper|page|pgr|ext|x|#)(?: number| no\.?| #)?[ .:#]{0,2})\d{4,6}\b",
+            r"(?<=\b(?:pager|beeper|page|pgr|ext|x|#)(?: number| no\.?| #)?[ .:#]{0,4})\d{4,6}\b",
             0.75,
         ),
     ),
@@ -108,6 +108,12 @@ DATE = RecognizerSpec(
             0.7,
         ),
         _P("y-m-d", r"\b\d{4}-\d{1,2}-\d{1,2}\b", 0.85),
+        # glued to the word before it: "labs on10/14/82", "to Quartermain.8/31"
+        _P(
+            "glued m/d(/y)",
+            r"(?:(?<=[a-z])|(?<=[a-z]\.))(?:1[0-2]|0?[1-9])/(?:3[01]|[12]\d|0?[1-9])(?:/(?:\d{4}|\d{2}))?\b(?![/.]\d)",
+            0.6,
+        ),
         # nursing notes' "3-24-17" (not a lab string "2245-105-4.7" nor a range "12-14-16 breaths")
         _P(
             "m-d-y",
@@ -346,6 +352,9 @@ def _split_relations(toks: list[tuple[str, int, int]]) -> list[tuple[str, int, i
     """Split a hyphenated token that starts with a relation word ("DAUGHTER-KRISSY") in two."""
     out = []
     for t, s, e in toks:
+        if t.endswith("-") and t.rstrip("-"):  # "KRISSY---301": the name without its dashes
+            t = t.rstrip("-")
+            e = s + len(t)
         head, sep, tail = t.partition("-")
         if sep and head.lower() in NAME_CONTEXT and tail.strip("-")[:1].isalpha():
             out.append((head, s, s + len(head)))

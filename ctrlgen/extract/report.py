@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ctrlgen.config import CtrlgenConfig, PhysionetCorpusConfig, TabCorpusConfig
+from ctrlgen.config import AciCorpusConfig, CtrlgenConfig, PhysionetCorpusConfig, TabCorpusConfig
 from ctrlgen.corpora import load_corpus
 from ctrlgen.extract.presidio import PresidioExtractor, build_stock_analyzer, results_to_entities
 from ctrlgen.extract.quality import Scores, scores_table, span_scores
@@ -52,7 +52,12 @@ def _by_type(gold: list[Document], preds: dict[str, list[Document]]) -> str:
 
 
 def extraction_report(
-    cfg: CtrlgenConfig, physionet: Path, tab: Path, limit: int | None = None, deid: str | None = None
+    cfg: CtrlgenConfig,
+    physionet: Path,
+    tab: Path,
+    limit: int | None = None,
+    deid: str | None = None,
+    aci: Path | None = None,
 ) -> str:
     """Score the engines on both corpora; return the Markdown body of docs/extraction.md.
 
@@ -73,6 +78,11 @@ def extraction_report(
             TabCorpusConfig(path=str(tab), identifiers="direct+quasi", annotator="annotator1", segments=None)
         )[0],
     }
+    if aci is not None:
+        # the second check: the patient / doctor names and ages of ACI-Bench's metadata, found in its notes
+        corpora["ACI-Bench (metadata names and ages)"] = load_corpus(
+            AciCorpusConfig(path=str(aci), identifiers="direct+quasi", limit=limit)
+        )[0]
     general = PresidioExtractor(ExtractionConfig(setting="unknown"), cfg.nlp.spacy_model, "direct+quasi")
     ner_cfg = cfg.extraction.model_copy(update={"setting": "unknown"}) if cfg.extraction.ner_model else None
     sections = []

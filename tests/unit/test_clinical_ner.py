@@ -127,12 +127,76 @@ def lists() -> NameLists:
         ("PT HAS OGT; pt will need ngt", []),  # "pt" is no name context
         ("sao2 96%, PaCo2 48", []),  # letters glued to digits are no word
         ("transferred from Baltimore overnight", ["Baltimore"]),  # a place of the lists
+        ("CALLED DR. PRICE TO BEDSIDE", ["PRICE"]),  # a capitalised word after a title
+        ("dr aware of the change", []),  # ... not a function word
+        ("MS- PT SEDATED", []),  # "MS-" heads a mental-status section
+        ("line placed by Quade Marlowe RRT", ["Marlowe", "Quade"]),  # credential, then back to the first name
+        ("extubated. q. lander rrt", ["lander", "q."]),  # lower-case initial + credential
+        ("SOCIAL:DAUGHTER-KRISSA---555", ["KRISSA"]),  # relation word fused by a hyphen
+        ("husband zorvan in to visit", ["zorvan"]),  # an uncommon word after a relation word
+        ("TV 500'S. SATS 98%", []),  # "S." glued to a number is no initial
+        ("WITH PT AND RN", []),  # "PT" is no credential, "RN" follows a common word
     ],
 )
 def test_dictionary_recognizer(lists, text, expected) -> None:
     rec = DictionaryRecognizer(lists)
     got = sorted(text[r.start : r.end] for r in rec.analyze(text, ["PERSON", "LOC"]))
     assert got == expected
+
+
+@pytest.mark.parametrize(
+    "text, span, number",
+    [
+        ("weaned to PS 10/5 overnight", "10/5", True),  # ventilator setting
+        ("rates pain 5/10 at rest", "5/10", True),  # pain score
+        ("crackles 1/3 up bilaterally", "1/3", True),  # fraction
+        ("rales 1/3-1/2 up", "1/3", True),
+        ("ceftaz 8/2 - 8/10, then", "8/2", False),  # a range of dates
+        ("BP 99/49 after lasix", "99/49", True),  # no month 99
+        ("lasix given @ 2000 tonight", "2000", True),  # clock time
+        ("shift 0700-1900 uneventful", "1900", True),
+        ("RR in the 20's", "20", True),
+        ("FiO2 10/5/40% with sats", "10/5/40", True),
+        ("admitted on 10/5 from home", "10/5", False),
+        ("s/p MVR 8/88", "8/88", False),
+        ("s/p cabg '95 \n s/p ppm", "'95", False),  # "s/p" after it is no "'s"
+        ("since 2006 she has had", "2006", False),
+        ("in March of 1993", "March of 1993", False),
+    ],
+)
+def test_clinical_numbers_are_no_dates(text, span, number) -> None:
+    from ctrlgen.extract.presidio import is_clinical_number
+
+    text = text.replace("\\n", "\n")
+    start = text.index(span)
+    assert is_clinical_number(text, start, start + len(span)) is number
+
+
+def test_generic_places_and_mention_propagation() -> None:
+    from ctrlgen.extract.presidio import is_generic_place, propagate_mentions
+
+    assert is_generic_place("the Hospital") and is_generic_place("ICU") and not is_generic_place("Calvert Hospital")
+    t = "Spoke with Zorvan Quill today. Zorvan agrees; will call quill-tomorrow. Zorvani no."
+    ents = [Entity(11, 17, "Zorvan", "PERSON", "DIRECT", "x"), Entity(18, 23, "Quill", "PERSON", "DIRECT", "x")]
+    got = [(e.text, e.start) for e in propagate_mentions(t, ents, frozenset({"will", "today"}))]
+    assert got == [("Zorvan", 11), ("Quill", 18), ("Zorvan", 31)]  # whole words only; "quill-tomorrow" is one word
+
+
+def test_losing_spans_keep_their_uncovered_words() -> None:
+    from presidio_analyzer import RecognizerResult
+
+    from ctrlgen.extract.presidio import results_to_entities
+
+    t = "d/c to Sacred Heart Memorial today"
+    res = [RecognizerResult("PERSON", 7, 13, 0.85), RecognizerResult("LOC", 7, 28, 0.7)]
+    plain = [(e.text, e.category) for e in results_to_entities(t, res, 0.5, ("DIRECT", "QUASI"))]
+    kept = [(e.text, e.category) for e in results_to_entities(t, res, 0.5, ("DIRECT", "QUASI"), keep_remainders=True)]
+    assert plain == [("Sacred", "PERSON")]
+    assert kept == [("Sacred", "PERSON"), ("Heart Memorial", "LOC")]
+    res = [RecognizerResult("LOC", 7, 19, 0.85), RecognizerResult("LOC", 7, 28, 0.7)]  # same category: widened
+    assert [e.text for e in results_to_entities(t, res, 0.5, ("QUASI",), keep_remainders=True)] == [
+        "Sacred Heart Memorial"
+    ]
 
 
 def test_parse_phi_reads_headers_and_spans_and_rejects_garbage() -> None:
@@ -190,3 +254,17 @@ def test_the_clinical_engine_runs_on_other_corpora_layouts(small_ner, shared) ->
         assert all(d.text[e.start : e.end] == e.text and e.category in CATEGORIES for d in out for e in d.entities)
     placeholders = [e for d in ext(corpora["mimic"]) for e in d.entities if e.source == "pattern"]
     assert placeholders  # [** ... **] found by the placeholder recognizer beside the NER
+
+
+def test_extract_report_scores_every_corpus_on_a_slice(tmp_path, shared, capsys) -> None:
+    """`ctrlgen extract-report` end to end on 12 notes: PhysioNet, TAB and the ACI-Bench metadata check."""
+    from ctrlgen.cli import main
+
+    out = tmp_path / "extraction.md"
+    assert main(["extract-report", "--limit", "12", "--deid", "", "--out", str(out),
+                 "--physionet", str(shared / "physionet-deid"), "--tab", str(shared / "tab"),
+                 "--aci", str(shared / "aci-bench" / "valid.csv")]) == 0  # fmt: skip
+    text = out.read_text()
+    for section in ("### PhysioNet deid", "### TAB (annotator1)", "### ACI-Bench (metadata names and ages)"):
+        assert section in text
+    assert "| ctrlgen (general NER) | ALL |" in text and "| stock | ALL |" in text

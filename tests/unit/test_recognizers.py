@@ -24,6 +24,7 @@ CASES = [
     ("MedicalIdRecognizer", "given 40 mg IV", []),
     ("ClinicalPhoneRecognizer", "call 201-561-8910 or (201) 223-4567", ["(201) 223-4567", "201-561-8910"]),
     ("ClinicalPhoneRecognizer", "pager 54321 if needed", ["54321"]),
+    ("ClinicalPhoneRecognizer", "Pager: # 54321 Time: 10:00am", ["54321"]),
     ("ClinicalPhoneRecognizer", "BP 120/80 HR 72", []),
     ("AgeRecognizer", "58 YEAR OLD FEMALE", ["58"]),
     ("AgeRecognizer", "a 50-year-old man, aged 61, 72 yo", ["50", "61", "72"]),
@@ -37,6 +38,30 @@ CASES = [
     ("TitledNameRecognizer", "seen by dr healey and Mrs. Souza", ["Souza", "healey"]),
     ("FacilityRecognizer", "TRANSFER FROM CALVERT HOSPITAL FOR", ["CALVERT HOSPITAL"]),
     ("MoneyPercentRecognizer", "awarded EUR 5,000 and $87,500", ["$87,500"]),
+    ("ClinicalDateRecognizer", "CSRU note 4-12-19. Neuro: intact", ["4-12-19"]),
+    ("ClinicalDateRecognizer", "labs 2245-105-4.7 and RR 12-14-16 breaths", []),
+    ("ClinicalDateRecognizer", "s/p AVR 8/88, ovarian CA (12/93)", ["12/93", "8/88"]),
+    ("ClinicalDateRecognizer", "PMH: CABG 81, MI '92. 07 PTCA to LAD", ["'92", "07", "81"]),
+    ("ClinicalDateRecognizer", "CABG x3, MI 2 mg, stent 18mm", []),
+    ("ClinicalDateRecognizer", "moved here. 8/31. back on 9/3", ["8/31", "9/3"]),
+    ("ClinicalDateRecognizer", "in March of 1993 and on the 11th", ["11th", "March of 1993"]),
+    (
+        "ClinicalFacilityRecognizer",
+        "went to Sacred Heart Memorial; back to St Luke's",
+        ["Sacred Heart Memorial", "St Luke's"],
+    ),
+    (
+        "ClinicalFacilityRecognizer",
+        "from Laurel Regional to the North Campus, then VAMC",
+        ["Laurel Regional", "North Campus", "VAMC"],
+    ),
+    ("ClinicalFacilityRecognizer", "ST ELEVATION in V2; regional wall motion; wants to leave hospital", []),
+    ("ClinicalFacilityRecognizer", "TRANSFERRED FROM UNIVERSITY OF MD", ["UNIVERSITY OF MD"]),
+    (
+        "ClinicalFacilityRecognizer",
+        "she lives in Hampton with her son; lives at 12 Oak Tree Rd.",
+        ["12 Oak Tree Rd.", "Hampton"],
+    ),
 ]
 
 
