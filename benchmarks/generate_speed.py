@@ -83,8 +83,11 @@ def main() -> None:
     variants: list[tuple[str, Any, bool]] = [
         ("per-mode calls, fp32, dynamic cache (before)", lambda: engine(model, share_prefill=False), True),
         ("modes in one call + shared prefill, fp32", lambda: engine(model), False),
-        ("modes in one call, static cache, fp32", lambda: engine(model, share_prefill=False, cache_implementation="static"),
-         False),
+        (
+            "modes in one call, static cache, fp32",
+            lambda: engine(model, share_prefill=False, cache_implementation="static"),
+            False,
+        ),
     ]
     bf16 = load_causal_lm(ModelConfig(name="smollm2-135m", dtype="bfloat16"))[0]
     variants.append(("modes in one call + shared prefill, bf16", lambda: engine(bf16), False))

@@ -307,7 +307,9 @@ Engines:
   corpus' pooled cross-validated errors, not inside training folds. The NER is cross-validated;
   the hand-written rules are not, and the PhysioNet figures are optimistic by whatever part of
   them fits this corpus alone. No rule holds a corpus value (a name, a place, a date). The
-  ACI-Bench check below runs on notes that were not read while writing them.
+  ACI-Bench check below runs on notes that were not read while writing them. The clinical config
+  runs no AgeRecognizer: PhysioNet's gold, like HIPAA, does not count ages under 90, so the
+  ACI-Bench ages are not looked for by it (add AgeRecognizer where a corpus counts them).
 - **stock**: `AnalyzerEngine` with the same spaCy pipeline (all components), all predefined
   recognizers, threshold 0.
 - **deid tool**: PhysioNet's `deid` (Perl, 2008) with its general lists and its corpus-specific
