@@ -214,10 +214,10 @@ def build_stock_analyzer(spacy_model: str) -> Any:
 
 
 _OWN = ("MimicPlaceholderRecognizer", "DictionaryRecognizer")
-_DATE_ANCHOR = re.compile(
-    r"\d|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b|\b(?:mon|tues|wednes|thurs|fri|satur|sun)day\b",
-    re.IGNORECASE,
+_MONTH_OR_DAY = (
+    r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b|\b(?:mon|tues|wednes|thurs|fri|satur|sun)day\b"
 )
+_DATE_ANCHOR = re.compile(rf"\d|{_MONTH_OR_DAY}", re.IGNORECASE)
 
 
 def results_to_entities(
@@ -327,9 +327,7 @@ def expand_initials(text: str, entities: Sequence[Entity]) -> list[Entity]:
 
 
 _DATE_WORD = re.compile(
-    r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b|\b(?:mon|tues|wednes|thurs|fri|satur|sun)day\b"
-    r"|\b(?:christmas|thanksgiving|easter|new year)|\d(?:st|nd|rd|th)\b",
-    re.IGNORECASE,
+    rf"{_MONTH_OR_DAY}|\b(?:christmas|thanksgiving|easter|new year)|\d(?:st|nd|rd|th)\b", re.IGNORECASE
 )
 _DATE_SHAPE = re.compile(
     r"[(\[]?(?:\d{1,2}[/-]\d{1,2}(?:[/-](?:(?:19|20)\d{2}|\d{2}))?|(?:19|20)\d{2}|'?\d{2}'?)[)\].,;-]?"
@@ -370,7 +368,7 @@ def is_clinical_number(text: str, start: int, end: int) -> bool:
     span = text[start:end]
     if _DATE_WORD.search(span):
         return False
-    if not _DATE_SHAPE.fullmatch(span.strip()):
+    if not _DATE_SHAPE.fullmatch(span):
         return True
     before, after = text[max(0, start - 24) : start], text[end : end + 12]
     if re.match(r"\s*%|'?s\b(?!/)", after):  # "40%", "in the 80's", not "'95 s/p"
@@ -406,13 +404,21 @@ def is_generic_place(text: str) -> bool:
     return bool(words) and all(w in GENERIC_PLACE_WORDS for w in words)
 
 
-def veto_clinical_numbers(text: str, entities: Sequence[Entity]) -> list[Entity]:
-    """The entities minus DATETIME spans that are clinical numbers (:func:`is_clinical_number`)."""
-    return [e for e in entities if e.category != "DATETIME" or not is_clinical_number(text, e.start, e.end)]
+#: Words a name recognizer may take for a name but that name no one in a note: relations
+#: ("son", "Sister") and devices named after people ("Hickman", "Shiley", "Quinton").
+NOT_NAME_WORDS = frozenset(
+    """son sons daughter daughters dtr wife husband mother father brother brothers sister sisters niece neice nephew
+    aunt uncle cousin grandson granddaughter grandmother grandfather friend spouse proxy hcp per""".split()
+)
+DEVICE_EPONYMS = frozenset(
+    """hickman shiley quinton groshong swan ganz cordis penrose dobhoff kerlix jackson pratt blakemore
+    sengstaken minnesota salem bovie doppler holter coude""".split()
+)
 
 
+#: Words that never continue a found name ("Smith and pt", "Jones MD"), beside :data:`NOT_NAME_WORDS`.
+_NOT_NEXT_NAME = frozenset("pt pts patient md rn np family".split())
 _NEXT_WORD = re.compile(r"( | and )([A-Za-z][A-Za-z'\-]*[A-Za-z])(?![\w'-])")
-_NOT_A_NAME = frozenset("pt pts patient md rn np family wife husband son daughter mother father".split())
 
 
 def _same_case(a: str, b: str) -> bool:
@@ -432,7 +438,7 @@ def extend_names(text: str, entities: Sequence[Entity], common: frozenset[str] =
             continue
         w = m.group(2)
         low = w.lower()
-        if low in common or low in _NOT_A_NAME or not _same_case(e.text.split()[-1], w):
+        if low in common or low in NOT_NAME_WORDS or low in _NOT_NEXT_NAME or not _same_case(e.text.split()[-1], w):
             continue
         s, t = m.start(2), m.end(2)
         if any(a < t and s < b for a, b in taken):
@@ -463,7 +469,7 @@ def propagate_mentions(text: str, entities: Sequence[Entity], common: frozenset[
     if not words:
         return list(entities)
     out = list(entities)
-    taken = sorted((e.start, e.end) for e in entities)
+    taken = [(e.start, e.end) for e in entities]
     for m in _MENTION_WORD.finditer(text):
         src = words.get(m.group(0).lower())
         if src is None or any(s < m.end() and m.start() < t for s, t in taken):
@@ -472,18 +478,6 @@ def propagate_mentions(text: str, entities: Sequence[Entity], common: frozenset[
         taken.append((m.start(), m.end()))
     out.sort(key=lambda e: (e.start, e.end))
     return out
-
-
-#: Words a name recognizer may take for a name but that name no one in a note: relations
-#: ("son", "Sister") and devices named after people ("Hickman", "Shiley", "Quinton").
-NOT_NAME_WORDS = frozenset(
-    """son sons daughter daughters dtr wife husband mother father brother brothers sister sisters niece neice nephew
-    aunt uncle cousin grandson granddaughter grandmother grandfather friend spouse proxy hcp per""".split()
-)
-DEVICE_EPONYMS = frozenset(
-    """hickman shiley quinton groshong swan ganz cordis penrose dobhoff kerlix jackson pratt blakemore
-    sengstaken minnesota salem bovie doppler holter coude""".split()
-)
 
 
 def is_not_a_name(span: str, from_ner: bool) -> bool:
@@ -523,6 +517,9 @@ class PresidioExtractor:
         ner_only = "lemmatizer" in cfg.spacy_disable
         self._engine = _nlp_engine(spacy_model, cfg.spacy_disable, ner_only or bool(cfg.ner_model), cfg.ner_model)
         registry = RecognizerRegistry(supported_languages=["en"])
+        # read once: DictionaryRecognizer's names and places, and the common words propagation skips
+        needed = "DictionaryRecognizer" in cfg.recognizers or cfg.propagate_mentions
+        lists = NameLists.from_dirs(cfg.name_lists, cfg.common_words) if cfg.name_lists and needed else None
         wanted = list(cfg.recognizers)
         for name in wanted:
             if name == "SpacyRecognizer":
@@ -533,11 +530,11 @@ class PresidioExtractor:
             elif name == "MimicPlaceholderRecognizer":
                 registry.add_recognizer(MimicPlaceholderRecognizer())
             elif name == "DictionaryRecognizer":
-                if not cfg.name_lists:
+                if lists is None:
                     raise AssetError(
                         "DictionaryRecognizer needs extraction.name_lists (a directory of deid-format lists)"
                     )
-                registry.add_recognizer(DictionaryRecognizer(NameLists.from_dirs(cfg.name_lists, cfg.common_words)))
+                registry.add_recognizer(DictionaryRecognizer(lists))
             elif name in PATTERN_RECOGNIZERS:
                 registry.add_recognizer(build_pattern_recognizer(PATTERN_RECOGNIZERS[name]))
             else:
@@ -552,11 +549,7 @@ class PresidioExtractor:
         )
         self._entities = sorted({e for r in registry.recognizers for e in r.supported_entities})
         self._kinds = identifier_kinds(identifiers)
-        self._common: frozenset[str] = frozenset()
-        if cfg.propagate_mentions and cfg.common_words:
-            self._common = (
-                NameLists.from_dirs(cfg.name_lists or "", cfg.common_words).common if cfg.name_lists else frozenset()
-            )
+        self._common: frozenset[str] = lists.common if lists is not None else frozenset()
         self.load_seconds = time.perf_counter() - t0
 
     def extract_texts(self, texts: Sequence[str]) -> list[list[Entity]]:

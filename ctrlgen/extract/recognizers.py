@@ -344,6 +344,11 @@ def _is_initial(text: str, tok: tuple[str, int, int], next_start: int) -> bool:
     return len(t) == 1 and t.isalpha() and (s == 0 or text[s - 1] in " \t\n(") and text[e:next_start] in (". ", ".  ")
 
 
+def _wordlike(bare: str) -> bool:
+    """Two or more letters, apostrophes and hyphens aside ("O'Brien", "Forman-Lyons")."""
+    return len(bare) > 1 and bare.replace("'", "").replace("-", "").isalpha()
+
+
 def _mixed_case(w: str) -> bool:
     return len(w) > 1 and w[:1].isupper() and w[1:].islower()
 
@@ -404,13 +409,10 @@ def _dictionary_recognizer_class() -> Any:
                     gap = text[toks[i - 1][2] : s] if i else ""
                     adjacent = i > 0 and toks[i - 1][2] + 2 >= s
                     close = i > 0 and gap in (" ", "  ", ". ", ".", ".  ", "- ", "-", " - ", ", ")
-                    wordlike = len(bare) > 1 and bare.replace("'", "").replace("-", "").isalpha()
+                    wordlike = _wordlike(bare)
                     capitalised = bare[:1].isupper()
                     titled = (
-                        close
-                        and prev in _TITLES
-                        and gap in (" ", "  ", ". ", ".", ".  ")
-                        and toks[i - 1][0][-1] not in "-:"
+                        prev in _TITLES and gap in (" ", "  ", ". ", ".", ".  ") and toks[i - 1][0][-1] not in "-:"
                     )  # not "MS- pt", "ms: alert"
                     if not hit and u in L.ambiguous and len(u) > 1:
                         near = (adjacent and is_name[i - 1]) or (
@@ -457,7 +459,7 @@ def _dictionary_recognizer_class() -> Any:
                     if not hits[i]:
                         continue
                     j = i - 1
-                    p, ps, pe = toks[j]
+                    p, _, pe = toks[j]
                     if _is_initial(text, toks[j], toks[i][1]):
                         hits[j] = True
                         continue
@@ -465,9 +467,8 @@ def _dictionary_recognizer_class() -> Any:
                     if (
                         not hits[j]
                         and text[pe : toks[i][1]] == " "
-                        and len(bare) > 1
                         and bare[:1].isupper()
-                        and bare.replace("'", "").replace("-", "").isalpha()
+                        and _wordlike(bare)
                         and (bare.lower() not in L.common or ups[j] in L.first)
                         and bare.lower() not in NAME_CONTEXT
                         and bare.lower() not in _NOT_AFTER_TITLE

@@ -2,8 +2,9 @@
 
 Runs ctrlgen's configured Presidio engine and Presidio's stock ``AnalyzerEngine``
 (same spaCy pipeline, all predefined recognizers, its default threshold) over the
-PhysioNet deid notes and the TAB case, and scores both against the gold spans
-(all identifier kinds: every gold span is something a leak would be measured on).
+PhysioNet deid notes, the TAB case and the ACI-Bench notes (their metadata names and ages), and
+scores them against the gold spans (all identifier kinds: every gold span is something a leak
+would be measured on).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def extraction_report(
     deid: str | None = None,
     aci: Path | None = None,
 ) -> str:
-    """Score the engines on both corpora; return the Markdown body of docs/extraction.md.
+    """Score the engines on each corpus; return the Markdown body of docs/extraction.md.
 
     Engines: ctrlgen with the general spaCy NER (the default recognizers); when
     ``extraction.ner_model`` is set, ctrlgen with the clinical NER, cross-validated by patient
