@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 from _report import write_section  # noqa: E402
+from generate import physionet_code_rows  # noqa: E402
 
 
 def main() -> None:
@@ -40,7 +41,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model, tok = load_causal_lm(ModelConfig(name="smollm2-135m"))
     [canary] = make_canaries(1, seed=0)
-    planted = insert_canaries(_physionet_rows(8), [canary], seed=0)
+    planted = insert_canaries(physionet_code_rows()[:8], [canary], seed=0)
     prompt = canary_prompt(planted, canary)
     texts = candidate_texts(canary, args.candidates, seed=0)
     prompt_tokens = len(tok(prompt)["input_ids"])
@@ -74,25 +75,6 @@ Speed-up **{res[False][0] / res[True][0]:.1f}x**; largest NLL difference {diff:.
     else:
         write_section("Canary exposure scoring: shared prompt pass", body)
         print(body)
-
-
-def _physionet_rows(n: int) -> list[dict]:
-    """The first ``n`` PhysioNet notes with private entities, as extraction rows (gold spans)."""
-    from ctrlgen.codes import build_control_code, format_control_code
-    from ctrlgen.config import PhysionetCorpusConfig
-    from ctrlgen.corpora import load_corpus
-    from ctrlgen.schema import select_private
-
-    docs, _, _ = load_corpus(
-        PhysionetCorpusConfig(path=str(ROOT / "../shared/data/physionet-deid"), identifiers="direct+quasi")
-    )
-    out = []
-    for d in docs:
-        ents = select_private(d.entities, "direct+quasi")
-        if ents and len(out) < n:
-            out.append({"doc_id": d.doc_id, "text": d.text, "entities": [e.to_row() for e in ents],
-                        "control_code": format_control_code(build_control_code(ents))})  # fmt: skip
-    return out
 
 
 if __name__ == "__main__":

@@ -142,15 +142,19 @@ def blocking(model: Any, tok: Any, sizes: list[int], batch: int, prompt_len: int
 
 
 def physionet_code_rows() -> list[dict[str, Any]]:
-    """The PhysioNet notes with a control code, as extraction rows (``doc_id``, ``text``, ``control_code``)."""
+    """The PhysioNet notes with a control code, as extraction rows (``doc_id``, ``text``, ``entities``
+    (gold, direct + quasi), ``control_code``)."""
     docs, _, _ = load_corpus(
         PhysionetCorpusConfig(path=str(ROOT / "../shared/data/physionet-deid"), identifiers="direct+quasi")
     )
     rows = []
     for d in docs:
-        code = format_control_code(build_control_code(select_private(d.entities, "direct+quasi")))
+        ents = select_private(d.entities, "direct+quasi")
+        code = format_control_code(build_control_code(ents))
         if code:
-            rows.append({"doc_id": d.doc_id, "text": d.text, "control_code": code})
+            rows.append(
+                {"doc_id": d.doc_id, "text": d.text, "entities": [e.to_row() for e in ents], "control_code": code}
+            )
     return rows
 
 

@@ -48,22 +48,28 @@ def _say(msg: str) -> None:
     print(f"[bench serve] {msg}", file=sys.stderr, flush=True)
 
 
-def _extraction(tmp: Path) -> tuple[Path, list[str]]:
-    import pyarrow as pa
+def _known_ok_rows(corpus: Any) -> Any:
+    """``corpus`` through the known-setting extraction (gold spans), its ``ok`` rows as an Arrow table."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
-    from ctrlgen.config import PhysionetCorpusConfig
     from ctrlgen.corpora import load_corpus
     from ctrlgen.extract import KnownExtractor
     from ctrlgen.extract.stage import extract_rows
 
-    corpus = PhysionetCorpusConfig(
-        path=str(ROOT.parent / "shared" / "data" / "physionet-deid"), identifiers="direct+quasi"
-    )
     docs, _, _ = load_corpus(corpus)
     table = extract_rows([d.to_row() for d in docs], KnownExtractor(), corpus, "documents")
-    table = table.filter(pc.equal(table.column("status"), "ok"))
+    return table.filter(pc.equal(table.column("status"), "ok"))
+
+
+def _extraction(tmp: Path) -> tuple[Path, list[str]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ctrlgen.config import PhysionetCorpusConfig
+
+    table = _known_ok_rows(
+        PhysionetCorpusConfig(path=str(ROOT.parent / "shared" / "data" / "physionet-deid"), identifiers="direct+quasi")
+    )
     out = tmp / "extracted" / "status=ok"
     out.mkdir(parents=True)
     pq.write_table(table, out / "part-0.parquet")
@@ -87,32 +93,21 @@ def _large_references(tmp: Path, contexts: Path, n_demo: int) -> Path:
     import pyarrow.parquet as pq
 
     from ctrlgen.config import DemoCorpusConfig, MimicCorpusConfig
-    from ctrlgen.corpora import load_corpus
     from ctrlgen.demo import write_demo_corpus
-    from ctrlgen.extract import KnownExtractor
-    from ctrlgen.extract.stage import extract_rows
 
     demo = write_demo_corpus(DemoCorpusConfig(n_notes=n_demo, seed=7, output_dir=str(tmp / "demo")), progress=False)
-    corpus = MimicCorpusConfig(path=str(demo), identifiers="direct+quasi")
-    docs, _, _ = load_corpus(corpus)
     out = tmp / "references" / "status=ok"
     out.mkdir(parents=True)
     shutil.copy(next((contexts / "status=ok").glob("*.parquet")), out / "part-physionet.parquet")
-    table = extract_rows([d.to_row() for d in docs], KnownExtractor(), corpus, "documents")
-    table = table.filter(pc_equal(table, "ok")).cast(pq.read_schema(out / "part-physionet.parquet"))
-    pq.write_table(table, out / "part-demo.parquet")
+    table = _known_ok_rows(MimicCorpusConfig(path=str(demo), identifiers="direct+quasi"))
+    pq.write_table(table.cast(pq.read_schema(out / "part-physionet.parquet")), out / "part-demo.parquet")
     return tmp / "references"
 
 
-def pc_equal(table: Any, status: str) -> Any:
-    import pyarrow.compute as pc
-
-    return pc.equal(table.column("status"), status)
-
-
-def offline(contexts: Path, threads: int, new_tokens: int, seeds: list[int], batch: int, warm: bool) -> float:
-    """Tokens/s of the replica's code path in this process: the outputs of ``seeds`` (the requests of the
-    service's c=16 phase, so the gate regenerates the same outputs) in batches of ``batch``."""
+def offline(contexts: Path, threads: int, new_tokens: int) -> Any:
+    """The replica's code path in this process, model loaded once: ``measure(seeds, batch, warm)`` returns
+    the tokens/s of the outputs of ``seeds`` (the requests of the service's c=16 phase, so the gate
+    regenerates the same outputs) in batches of ``batch``."""
     import torch
 
     from ctrlgen.config import load_config
@@ -126,26 +121,29 @@ def offline(contexts: Path, threads: int, new_tokens: int, seeds: list[int], bat
     torch.set_num_threads(threads)
     g = cfg.generation
     model, tok = load_causal_lm(cfg.model)
-    engine = HFEngine(model, tok, g.sampling, batch)
     codes = FictionalCodes(g.seed, corpus_values(contexts), same_counts=g.same_counts)
     planner = SynthesisPlanner(load_pool_rows(contexts, g), tok, g, codes)
 
     def run(batch_seeds: list[int]) -> tuple[int, float, int]:
         work = [planner.plan("icl_blocking", seed=s, max_new_tokens=new_tokens)[0].work for s in batch_seeds]
         t0 = time.perf_counter()
+        engine = HFEngine(model, tok, g.sampling, len(batch_seeds))
         out = gated_generate(engine, [w.request for w in work], [w.known for w in work],
                              max_retries=g.gate.max_retries, enabled=True)  # fmt: skip
         return sum(o.result.new_tokens for o in out), time.perf_counter() - t0, sum(o.attempts > 1 for o in out)
 
-    if warm:
-        run([10**6 + i for i in range(batch)])
-    tokens, secs, regen = 0, 0.0, 0
-    for i in range(0, len(seeds), batch):
-        n, t, r = run(seeds[i : i + batch])
-        tokens, secs, regen = tokens + n, secs + t, regen + r
-    _say(f"offline, {len(seeds)} outputs in batches of {batch}: {tokens / secs:.1f} tokens/s ({secs:.1f} s, "
-         f"{regen} regenerated)")  # fmt: skip
-    return tokens / secs
+    def measure(seeds: list[int], batch: int, warm: bool) -> float:
+        if warm:
+            run([10**6 + i for i in range(batch)])
+        tokens, secs, regen = 0, 0.0, 0
+        for i in range(0, len(seeds), batch):
+            n, t, r = run(seeds[i : i + batch])
+            tokens, secs, regen = tokens + n, secs + t, regen + r
+        _say(f"offline, {len(seeds)} outputs in batches of {batch}: {tokens / secs:.1f} tokens/s ({secs:.1f} s, "
+             f"{regen} regenerated)")  # fmt: skip
+        return tokens / secs
+
+    return measure
 
 
 def _serve_config(tmp: Path, shards: int) -> Path:
@@ -235,7 +233,8 @@ def main() -> None:
         _say(f"contexts: {contexts} ({len(texts)} score snippets)")
         c_ref = 16 if 16 in args.concurrency else max(args.concurrency)
         ref_seeds = [1000 * c_ref + i for i in range(max(2 * c_ref, 4))]  # the service's requests at c_ref
-        off_before = offline(contexts, args.threads, args.new_tokens, ref_seeds, 16, warm=True)
+        measure_offline = offline(contexts, args.threads, args.new_tokens)
+        off_before = measure_offline(ref_seeds, 16, warm=True)
 
         import ray
 
@@ -288,7 +287,7 @@ def main() -> None:
                 stop_service()
         ray.shutdown()
         # Again after the service (this box's speed drifts by 10-20% over minutes): the reference is the mean.
-        off_after = offline(contexts, args.threads, args.new_tokens, ref_seeds, 16, warm=False)
+        off_after = measure_offline(ref_seeds, 16, warm=False)
         off = (off_before + off_after) / 2
     by_c = {r[0]: r for r in rows}
     c_hi = 16 if 16 in by_c else max(by_c)

@@ -436,9 +436,9 @@ def _dictionary_recognizer_class() -> Any:
                         if cred in CREDENTIALS and gap2 in (" ", ", ", ",", "  "):
                             hit = True
                     if not hit and i > 0 and wordlike and capitalised:
-                        # a capitalised word after a first name, a titled name or an initial
-                        # ("Leona Labowich", "Dr Will Cole", "Q. Lander"): not a common word, or (after an
-                        # initial) not one of the commonest
+                        # a capitalised word after a first name or a titled name ("Leona Labowich", "Dr Will
+                        # Cole"): not a common word; after an initial, a mixed-case word not one of the
+                        # commonest ("Q. Baker"; an uncommon word after an initial is the next branch's)
                         p = toks[i - 1][0]
                         initial = _is_initial(text, toks[i - 1], s)
                         first = ups[i - 1] in L.first and p.lower() not in L.common
@@ -447,10 +447,10 @@ def _dictionary_recognizer_class() -> Any:
                         hit = (
                             (uncommon and first and adjacent)
                             or (after_title and adjacent)
-                            or (initial and (uncommon or (_mixed_case(bare) and u not in L.commonest)))
+                            or (initial and _mixed_case(bare) and u not in L.commonest)
                         )
                     if not hit and i > 0 and wordlike and len(toks[i - 1][0]) == 1:
-                        # "d. renna", "s. roberto": a lower-case initial and an uncommon word
+                        # "Q. Lander", "d. renna": an initial (either case) and an uncommon word
                         hit = _is_initial(text, toks[i - 1], s) and bare.lower() not in L.common
                     hits[i] = hit
                 # back from a name: an initial ("G. Levine") and an uncommon capitalised word before

@@ -87,9 +87,10 @@ def sequence_nll(
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    ids = _encode(tokenizer, texts, max_tokens)
-    skip = [0] * len(ids)
-    if prompts is not None:
+    if prompts is None:
+        ids = _encode(tokenizer, texts, max_tokens)
+        skip = [0] * len(ids)
+    else:
         if len(prompts) != len(texts):
             raise ValueError(f"{len(prompts)} prompts for {len(texts)} texts")
         distinct = list(dict.fromkeys(prompts))
