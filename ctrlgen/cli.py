@@ -307,9 +307,11 @@ Engines:
   corpus' pooled cross-validated errors, not inside training folds. The NER is cross-validated;
   the hand-written rules are not, and the PhysioNet figures are optimistic by whatever part of
   them fits this corpus alone. No rule holds a corpus value (a name, a place, a date). The
-  ACI-Bench check below runs on notes that were not read while writing them. The clinical config
-  runs no AgeRecognizer: PhysioNet's gold, like HIPAA, does not count ages under 90, so the
-  ACI-Bench ages are not looked for by it (add AgeRecognizer where a corpus counts them).
+  ACI-Bench check below runs on notes that were not read while writing them. Ages follow each
+  corpus' definition (`extraction.min_age`): PhysioNet's gold, like HIPAA Safe Harbor, counts
+  ages over 89 only, so there the engine reports ages of at least {min_age}; ACI-Bench's metadata
+  counts every age, so there it runs with min_age 0. MRNs, e-mail addresses and URLs
+  (MedicalIdRecognizer, ContactRecognizer) are looked for although no corpus here annotates one.
 - **stock**: `AnalyzerEngine` with the same spaCy pipeline (all components), all predefined
   recognizers, threshold 0.
 - **deid tool**: PhysioNet's `deid` (Perl, 2008) with its general lists and its corpus-specific
@@ -378,6 +380,7 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
         spacy=cfg.nlp.spacy_model,
         recognizers=", ".join(ex.recognizers),
         threshold=ex.score_threshold,
+        min_age=ex.min_age,
         augment=ex.ner_training.augment_share,
         epochs=ex.ner_training.epochs,
         seed=ex.ner_training.seed,

@@ -230,6 +230,7 @@ class ExtractionConfig(_Model):
             "EchrApplicationRecognizer",
             "MedicalIdRecognizer",
             "ClinicalPhoneRecognizer",
+            "ContactRecognizer",
             "AgeRecognizer",
             "ClinicalDateRecognizer",
             "TitledNameRecognizer",
@@ -267,6 +268,13 @@ class ExtractionConfig(_Model):
         description="Drop DATETIME spans that read as clinical numbers: ventilator settings ('PS 10/5'), pain "
         "scores, fractions ('1/3 up'), blood pressures, 24-hour clock times ('@ 2000'); and LOC spans made of "
         "generic place words only ('the hospital', 'ICU').",
+    )
+    min_age: int = Field(
+        0,
+        ge=0,
+        le=150,
+        description="AgeRecognizer's ages below this are not private. 0: every age (a quasi-identifier; "
+        "ACI-Bench and i2b2 2014 annotate every age); 90: HIPAA Safe Harbor's ages over 89 (PhysioNet's gold).",
     )
     propagate_mentions: bool = Field(
         False,

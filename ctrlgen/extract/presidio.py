@@ -500,6 +500,13 @@ def _vetoed(text: str, r: Any) -> bool:
     return False
 
 
+def _below_age(text: str, r: Any, min_age: int) -> bool:
+    """An AgeRecognizer span whose number is under ``min_age`` (``extraction.min_age``)."""
+    name = (r.recognition_metadata or {}).get("recognizer_name", "")
+    value = text[r.start : r.end]
+    return name == "AgeRecognizer" and value.isdigit() and int(value) < min_age
+
+
 class PresidioExtractor:
     """Finds private entities with a configured Presidio engine; load once, call per batch."""
 
@@ -564,6 +571,8 @@ class PresidioExtractor:
                 nlp_artifacts=nlp_artifacts,
                 score_threshold=self.cfg.score_threshold,
             )
+            if self.cfg.min_age:
+                results = [r for r in results if not _below_age(text, r, self.cfg.min_age)]
             if self.cfg.clinical_number_veto:  # before overlaps are resolved: a vetoed span frees its place
                 results = [r for r in results if not _vetoed(text, r)]
             ents = results_to_entities(text, results, self.cfg.score_threshold, self._kinds, keep_remainders=True)

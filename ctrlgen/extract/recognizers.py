@@ -85,6 +85,16 @@ PHONE = RecognizerSpec(
         ),
     ),
 )
+CONTACT = RecognizerSpec(
+    "ContactRecognizer",
+    "CODE",
+    (
+        _P("email", r"\b[\w.+-]+@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}\b", 0.9),
+        # a scheme or "www." only: Presidio's UrlRecognizer also takes "WHEELCHAIR...CA" and "DNR.SE" (740
+        # such hits on the PhysioNet notes, none a URL)
+        _P("url", r"\b(?:https?://|www\.)[^\s<>\"'()]*[^\s<>\"'().,;:!?]", 0.8),
+    ),
+)
 AGE = RecognizerSpec(
     "AgeRecognizer",
     "DEM",
@@ -227,7 +237,7 @@ QUANTITY = RecognizerSpec(
 #: The pattern recognizers ctrlgen adds, by name (configs list them by these names).
 PATTERN_RECOGNIZERS: dict[str, RecognizerSpec] = {
     r.name: r
-    for r in (ECHR_APPLICATION, MEDICAL_ID, PHONE, AGE, DATE, TITLED_NAME, ORGANISATION, CLINICAL_FACILITY, QUANTITY)
+    for r in (ECHR_APPLICATION, MEDICAL_ID, PHONE, CONTACT, AGE, DATE, TITLED_NAME, ORGANISATION, CLINICAL_FACILITY, QUANTITY)
 }
 
 

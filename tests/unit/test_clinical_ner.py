@@ -256,6 +256,25 @@ def test_the_clinical_engine_runs_on_other_corpora_layouts(small_ner, shared) ->
     assert placeholders  # [** ... **] found by the placeholder recognizer beside the NER
 
 
+def test_the_clinical_engine_finds_identifiers_no_corpus_here_annotates(small_ner) -> None:
+    """MRNs, e-mail addresses, URLs and ages: ages under ``min_age`` are left alone (90: HIPAA's over-89)."""
+    from ctrlgen.extract.presidio import PresidioExtractor
+
+    text = ("92 yo man, MRN: 00123456, son's email jo.smith@example.org, portal https://portal.example.org/x. "
+            "His wife is a 72 yo retired nurse.")  # fmt: skip
+    found = {}
+    for min_age in (90, 0):
+        cfg = ExtractionConfig(setting="unknown", ner_model=str(small_ner), min_age=min_age,
+                               recognizers=["SpacyRecognizer", "MedicalIdRecognizer", "ContactRecognizer",
+                                            "AgeRecognizer"])  # fmt: skip
+        [ents] = PresidioExtractor(cfg, identifiers="direct+quasi").extract_texts([text])
+        found[min_age] = {(e.text, e.category) for e in ents}
+    want = {("00123456", "CODE"), ("jo.smith@example.org", "CODE"), ("https://portal.example.org/x", "CODE"),
+            ("92", "DEM")}  # fmt: skip
+    assert want <= found[90] and ("72", "DEM") not in found[90]
+    assert want | {("72", "DEM")} <= found[0]
+
+
 def test_extract_report_scores_every_corpus_on_a_slice(tmp_path, shared, capsys) -> None:
     """`ctrlgen extract-report` end to end on 12 notes: PhysioNet, TAB and the ACI-Bench metadata check."""
     from ctrlgen.cli import main

@@ -26,6 +26,13 @@ CASES = [
     ("ClinicalPhoneRecognizer", "pager 54321 if needed", ["54321"]),
     ("ClinicalPhoneRecognizer", "Pager: # 54321 Time: 10:00am", ["54321"]),
     ("ClinicalPhoneRecognizer", "BP 120/80 HR 72", []),
+    (
+        "ContactRecognizer",
+        "write to j.doe+pt@mail.example.org or see https://portal.example.org/p?id=7.",
+        ["https://portal.example.org/p?id=7", "j.doe+pt@mail.example.org"],
+    ),
+    ("ContactRecognizer", "site www.example-clinic.com, done", ["www.example-clinic.com"]),
+    ("ContactRecognizer", "WHEELCHAIR...CA, DNR.SE, FIRST.ST, 7.45.34.7", []),
     ("AgeRecognizer", "58 YEAR OLD FEMALE", ["58"]),
     ("AgeRecognizer", "a 50-year-old man, aged 61, 72 yo", ["50", "61", "72"]),
     ("AgeRecognizer", "for 3 days", []),
