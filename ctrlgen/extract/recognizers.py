@@ -237,7 +237,18 @@ QUANTITY = RecognizerSpec(
 #: The pattern recognizers ctrlgen adds, by name (configs list them by these names).
 PATTERN_RECOGNIZERS: dict[str, RecognizerSpec] = {
     r.name: r
-    for r in (ECHR_APPLICATION, MEDICAL_ID, PHONE, CONTACT, AGE, DATE, TITLED_NAME, ORGANISATION, CLINICAL_FACILITY, QUANTITY)
+    for r in (
+        ECHR_APPLICATION,
+        MEDICAL_ID,
+        PHONE,
+        CONTACT,
+        AGE,
+        DATE,
+        TITLED_NAME,
+        ORGANISATION,
+        CLINICAL_FACILITY,
+        QUANTITY,
+    )
 }
 
 
