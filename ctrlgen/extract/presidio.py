@@ -329,8 +329,11 @@ def expand_initials(text: str, entities: Sequence[Entity]) -> list[Entity]:
 _DATE_WORD = re.compile(
     rf"{_MONTH_OR_DAY}|\b(?:christmas|thanksgiving|easter|new year)|\d(?:st|nd|rd|th)\b", re.IGNORECASE
 )
+# m/d, m/d/y, m-d-y, y-m-d (ISO), a year, 'yy. A full date's year may be 21xx-22xx (date-shifted corpora such as
+# MIMIC's); a year alone may not (a 4-digit number from 2100 is a clock time).
 _DATE_SHAPE = re.compile(
-    r"[(\[]?(?:\d{1,2}[/-]\d{1,2}(?:[/-](?:(?:19|20)\d{2}|\d{2}))?|(?:19|20)\d{2}|'?\d{2}'?)[)\].,;-]?"
+    r"[(\[]?(?:\d{1,2}[/-]\d{1,2}(?:[/-](?:(?:19|2[0-2])\d{2}|\d{2}))?|(?:19|2[0-2])\d{2}[/-]\d{1,2}[/-]\d{1,2}"
+    r"|(?:19|20)\d{2}|'?\d{2}'?)[)\].,;-]?"
 )
 _HHMM = re.compile(r"(?:[01]\d|2[0-3])[0-5]\d")
 # What comes before a number that is a setting, a score or a clock time, not a date:
@@ -375,6 +378,8 @@ def is_clinical_number(text: str, start: int, end: int) -> bool:
         return True
     core = span.strip("()[].,;'-")
     parts = re.split(r"[/-]", core)
+    if len(parts) == 3 and len(parts[0]) == 4:  # y-m-d
+        parts = parts[1:]
     if len(parts) >= 2:
         m, d = int(parts[0]), int(parts[1])
         month_year = len(parts) == 2 and len(parts[1]) == 2 and d > 31  # "8/88", "12/93"
@@ -394,7 +399,8 @@ def is_clinical_number(text: str, start: int, end: int) -> bool:
 GENERIC_PLACE_WORDS = frozenset(
     """hospital hosp hospitals medical center ctr med clinic clinics floor floors ward wards unit units rehab
     rehabilitation nursing home facility outside osh icu ccu micu sicu csru er ed or pacu cath lab room
-    campus the a an this that his her their same local""".split()
+    campus the a an this that his her their same local family internal medicine practice associates group health
+    center company""".split()
 )
 
 

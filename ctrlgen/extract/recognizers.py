@@ -210,6 +210,14 @@ CLINICAL_FACILITY = RecognizerSpec(
         ),
         _P("university of", r"\b(?:university|univ\.?|u\.?) ?of ?(?-i:[A-Z][A-Za-z]+)\b", 0.7),
         _P(
+            "name + practice / associates / group / company",
+            # "Brookside Family Practice", "Harbor Medical Associates", "Boston Builders Inc" (employers count too)
+            rf"\b{_NOT_NAME}{_CAP}(?: {_NOT_NAME}{_CAP}){{0,2}} (?:(?:family |internal medicine )?practice|associates"
+            r"|medical group|nursing home|rehab(?:ilitation)? center|health center|(?-i:Inc|LLC|Corp|Co)\b\.?"
+            r"|(?-i:Company|Corporation))\b",
+            0.7,
+        ),
+        _P(
             "street address",
             r"\b\d{1,5} (?-i:[A-Z][A-Za-z]+ ){1,3}(?:st|street|ave|avenue|rd|road|blvd|boulevard|dr|drive|lane|ln|way|court|ct|place|pl)\b\.?",
             0.7,
@@ -220,6 +228,13 @@ CLINICAL_FACILITY = RecognizerSpec(
             0.6,
         ),
         _P("veterans hospital", r"\b(?:vamc|va medical center|va hospital|vah)\b", 0.8),
+        _P(
+            "zip code after a state",
+            # "Quincy MA 02169", "Boston, MA. 02115-1234": upper-case state codes only ("in 10000 units" is no zip)
+            r"(?<=\b(?-i:A[LKZR]|C[AOT]|D[EC]|FL|GA|HI|I[DLNA]|K[SY]|LA|M[EDAINSOT]|N[EVHJMYCD]|O[HKR]|PA|RI|S[CD]|T[NX]|UT"
+            r"|V[TA]|W[AVIY])\.?,?\s{1,2})\d{5}(?:-\d{4})?\b",
+            0.7,
+        ),
     ),
 )
 QUANTITY = RecognizerSpec(

@@ -162,6 +162,10 @@ def test_dictionary_recognizer(lists, text, expected) -> None:
         ("s/p cabg '95 \n s/p ppm", "'95", False),  # "s/p" after it is no "'s"
         ("since 2006 she has had", "2006", False),
         ("in March of 1993", "March of 1993", False),
+        ("seen on 2019-03-14 in clinic", "2019-03-14", False),  # ISO
+        ("Admission Date: 03/14/2187", "03/14/2187", False),  # a date-shifted year
+        ("code 2019-13-40 entered", "2019-13-40", True),  # no month 13
+        ("meds due at 2130", "2130", True),
     ],
 )
 def test_clinical_numbers_are_no_dates(text, span, number) -> None:

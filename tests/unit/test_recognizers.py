@@ -66,6 +66,19 @@ CASES = [
     ("ClinicalFacilityRecognizer", "TRANSFERRED FROM UNIVERSITY OF MD", ["UNIVERSITY OF MD"]),
     (
         "ClinicalFacilityRecognizer",
+        "12 Elm Street, Quincy MA 02169; Boston, MA. 02115-1234",
+        ["02115-1234", "02169", "12 Elm Street"],
+    ),
+    ("ClinicalFacilityRecognizer", "gave 10000 units in 12345 ml; ok 20000", []),
+    (
+        "ClinicalFacilityRecognizer",
+        "PCP at Brookside Family Practice; works for Boston Builders Inc.",
+        ["Boston Builders Inc", "Brookside Family Practice"],
+    ),
+    ("ClinicalFacilityRecognizer", "from the nursing home; family practice follow-up", []),
+    ("ClinicalDateRecognizer", "Admission Date: 03/14/2187, seen 2019-03-14", ["03/14/2187", "2019-03-14"]),
+    (
+        "ClinicalFacilityRecognizer",
         "she lives in Hampton with her son; lives at 12 Oak Tree Rd.",
         ["12 Oak Tree Rd.", "Hampton"],
     ),
