@@ -63,6 +63,12 @@ MEDICAL_ID = RecognizerSpec(
         ),
         _P("medical record number", r"(?<=\bmedical record number[: ])\s*\d{4,12}\b", 0.9),
         _P("ssn", r"\b\d{3}-\d{2}-\d{4}\b", 0.7),
+        _P(
+            "serial / license / policy number",
+            r"(?<=\b(?:serial|license|licence|policy|member|subscriber|certificate|plate)(?: no\.?| number| #|#)?[:.# ]{1,2})"
+            r"(?=[A-Z-]*\d)[A-Z0-9][A-Z0-9-]{3,19}\b",
+            0.8,
+        ),
     ),
 )
 PHONE = RecognizerSpec(
@@ -102,6 +108,13 @@ AGE = RecognizerSpec(
         _P("N year old", r"\b\d{1,3}(?=\s*-?\s*(?:years?|yrs?|yo|y/o|y\.o\.)(?:[\s-]*old)?\b)", 0.95),
         _P("age N", r"(?<=\bage[d:]? )\d{1,3}\b", 0.95),
         _P("N-year-old", r"\b\d{1,3}(?=-year-old\b)", 0.95),
+        _P(
+            "NM / NF",
+            # "67M with DM2", "HPI: 92 F", not a catheter's French size ("a 16F foley", "14 F sheath")
+            r"(?<=(?:^|\b(?:an?|is|pt|patient|hpi:?|cc:?|id:?)\s{1,2}))\d{1,3}(?=\s?(?-i:[MF])\b(?!\s*(?:fr\b|french|foley|"
+            r"cath\w*|tube|ngt?|ogt?|ett?\b|sheath|picc|introducer|coude|trach)))",
+            0.8,
+        ),
     ),
 )
 DATE = RecognizerSpec(
