@@ -234,6 +234,7 @@ class ExtractionConfig(_Model):
             "AgeRecognizer",
             "ClinicalDateRecognizer",
             "TitledNameRecognizer",
+            "NameFieldRecognizer",
             "FacilityRecognizer",
             "MoneyPercentRecognizer",
         ],

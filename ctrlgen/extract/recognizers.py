@@ -184,6 +184,26 @@ TITLED_NAME = RecognizerSpec(
         _P("name, md/rn", r"\b[a-z][a-z'\-]{1,20}(?=,? (?:md|m\.d\.|rn|np)\b)", 0.5),
     ),
 )
+# A word of a name in a header field: capitalised or upper case, not a word that starts a sentence there.
+_FIELD_WORD = (
+    r"(?!(?:pt|patient|the|is|was|he|she|his|her|no|none|yes|unknown|same|see|as|per|not|na|n/a|self|dr|md)\b)"
+    r"(?-i:[A-Z][A-Za-z'\-]+)"
+)
+NAME_FIELD = RecognizerSpec(
+    "NameFieldRecognizer",
+    "PERSON",
+    (
+        _P(
+            "name field",
+            # header fields of notes and letters: "Name: SMITH, JOHN A.", "Attending: Baker, Thomas", "PCP: Alan Ng"
+            r"(?<=\b(?:name|patient|pt name|patient name|attending|resident|referring (?:md|physician|provider)|pcp|"
+            r"primary care(?: physician| provider)?|provider|physician|surgeon|dictated by|signed by|cc|author|"
+            r"nok|next of kin|emergency contact|guardian|health care proxy|hcp)[ \t]?:[ \t]{0,3}(?:dr\.?[ \t])?)"
+            rf"{_FIELD_WORD}(?:,?[ \t]{_FIELD_WORD}){{0,2}}(?:[ \t](?-i:[A-Z])\b\.?)?",
+            0.7,
+        ),
+    ),
+)
 # Words that start a phrase before a facility name but are not part of it.
 _NOT_NAME = (
     r"(?!(?:from|to|at|the|in|of|and|for|with|by|transfer(?:red)?|admitted|sent|via|outside|local|this|that|an?)\b)"
@@ -273,6 +293,7 @@ PATTERN_RECOGNIZERS: dict[str, RecognizerSpec] = {
         AGE,
         DATE,
         TITLED_NAME,
+        NAME_FIELD,
         ORGANISATION,
         CLINICAL_FACILITY,
         QUANTITY,

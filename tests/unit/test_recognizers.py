@@ -47,6 +47,12 @@ CASES = [
     ("ClinicalDateRecognizer", "cath on 10/4, extubated 9/2/92", ["10/4", "9/2/92"]),
     ("ClinicalPhoneRecognizer", "dtr Frances- 212- 476- 8356.", ["212- 476- 8356"]),
     ("TitledNameRecognizer", "seen by dr healey and Mrs. Souza", ["Souza", "healey"]),
+    (
+        "NameFieldRecognizer",
+        "Name: SMITH, JOHN A.   Attending: Baker, Thomas\nPCP: Dr. Alan Ng",
+        ["Alan Ng", "Baker, Thomas", "SMITH, JOHN A."],
+    ),
+    ("NameFieldRecognizer", "Patient: Pt is comfortable. Name: unknown; Attending: aware", []),
     ("FacilityRecognizer", "TRANSFER FROM CALVERT HOSPITAL FOR", ["CALVERT HOSPITAL"]),
     ("MoneyPercentRecognizer", "awarded EUR 5,000 and $87,500", ["$87,500"]),
     ("ClinicalDateRecognizer", "CSRU note 4-12-19. Neuro: intact", ["4-12-19"]),
