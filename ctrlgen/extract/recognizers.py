@@ -65,7 +65,7 @@ MEDICAL_ID = RecognizerSpec(
         _P("ssn", r"\b\d{3}-\d{2}-\d{4}\b", 0.7),
         _P(
             "serial / license / policy number",
-            r"(?<=\b(?:serial|license|licence|policy|member|subscriber|certificate|plate)(?: no\.?| number| #|#)?[:.# ]{1,2})"
+            r"(?<=\b(?:serial|license|licence|insurance policy|policy (?:no\.?|number)|member|subscriber|certificate|plate)(?: no\.?| number| #|#)?[:.# ]{1,2})"
             r"(?=[A-Z-]*\d)[A-Z0-9][A-Z0-9-]{3,19}\b",
             0.8,
         ),
