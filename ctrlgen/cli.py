@@ -293,7 +293,9 @@ Engines:
   {recognizers}, score threshold {threshold}. On PhysioNet it is **cross-validated by patient**:
   {folds} folds of patients, each fold's notes extracted by the NER trained on the other folds'
   notes, so no note is scored by a model that saw its patient; the pooled rows are all folds'
-  held-out predictions together. Dictionaries are general lists only
+  held-out predictions together. The **in-sample** row is the model trained on every note (the one
+  `make setup` trains and the experiment's unknown setting runs) scored on those same notes: how much
+  better extraction looks on notes the NER was trained on, not a quality figure. Dictionaries are general lists only
   (`extraction.name_lists`, `extraction.common_words`: PhysioNet deid's public name, place and
   common-word lists); no gold value is a dictionary entry, and the corpus' own name lists are not used.
   On TAB and ACI-Bench the NER trained on all PhysioNet notes runs (trained on no TAB or ACI-Bench text).
