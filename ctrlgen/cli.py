@@ -376,12 +376,13 @@ def cmd_train_ner(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
 def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     from ctrlgen.extract.report import extraction_report
 
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else []
     body = extraction_report(
-        cfg, Path(args.physionet), Path(args.tab), args.limit, args.deid, Path(args.aci) if args.aci else None
+        cfg, Path(args.physionet), Path(args.tab), args.limit, args.deid, Path(args.aci) if args.aci else None, seeds
     )
     ex = cfg.extraction
     command = "ctrlgen extract-report" + (f" -c {args.config}" if args.config else "") + (
-        f" --limit {args.limit}" if args.limit else "")  # fmt: skip
+        f" --limit {args.limit}" if args.limit else "") + (f" --seeds {args.seeds}" if args.seeds else "")  # fmt: skip
     head = _REPORT_HEAD.format(
         command=command,
         spacy=cfg.nlp.spacy_model,
@@ -594,6 +595,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             sp.add_argument("--limit", type=int, default=None, help="Only the first N PhysioNet notes.")
             sp.add_argument("--deid", default="../shared/tools/physionet-deid",
                             help="PhysioNet's deid tool, run beside ctrlgen on the same notes ('' to skip).")  # fmt: skip
+            sp.add_argument("--seeds", default="",
+                            help="More NER training seeds, comma-separated (e.g. 1,2): the pooled CV figures of "
+                            "each beside the configured seed's, with mean and sd (trains k NERs per seed).")  # fmt: skip
         if name == "train-ner":
             sp.add_argument("--out", default=None, help="Directory to write (default extraction.ner_model).")
             sp.add_argument("--limit", type=int, default=None, help="Train on the first N documents only.")

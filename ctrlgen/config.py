@@ -210,6 +210,11 @@ class NerTrainingConfig(_Model):
         "tok2vec width (with `depth`) from the base pipeline's tokenizer; it runs faster (cost ~ width^2 x depth).",
     )
     depth: int = Field(4, ge=1, le=8, description="Convolution layers of a fresh NER's tok2vec (with `width`).")
+    average_params: bool = Field(
+        True,
+        description="Save the optimizer's running averages of the weights (as `spacy train` does) rather than "
+        "the last update's weights.",
+    )
     folds: int = Field(5, ge=2, description="Patient folds of the extraction report's cross-validation.")
     workers: int = Field(2, ge=1, description="Folds trained in parallel processes.")
 

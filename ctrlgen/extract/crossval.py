@@ -60,7 +60,7 @@ def _train(job: TrainJob) -> NerTrainResult:
     return train_ner(job.docs, job.out, job.base_model, h.epochs, h.seed, h.dropout, h.negatives, pools,
                      h.augment_share, job.trained_on,
                      log=lambda m: print(f"train-ner [{tag}]: {m}", file=sys.stderr, flush=True),
-                     width=h.width, depth=h.depth)  # fmt: skip
+                     width=h.width, depth=h.depth, average_params=h.average_params)  # fmt: skip
 
 
 def train_cached(jobs: list[TrainJob], workers: int) -> list[str]:

@@ -216,6 +216,7 @@ def train_ner(
     log: Callable[[str], None] | None = None,
     width: int | None = None,
     depth: int = 4,
+    average_params: bool = True,
 ) -> NerTrainResult:
     """Fine-tune ``base_model``'s NER on ``docs``' entities; save the pipeline to ``out_dir``.
 
@@ -269,10 +270,13 @@ def train_ner(
         say(f"epoch {epoch + 1}/{epochs}: loss {losses_by_epoch[-1]:.1f} ({time.perf_counter() - t0:.0f} s)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with nlp.select_pipes(enable=["ner"]):
+    # as `spacy train` saves its models: with the optimizer's running averages of the weights, which
+    # vary less from one update (and one seed) to the next than the last update's weights
+    with nlp.select_pipes(enable=["ner"]), nlp.use_params(optimizer.averages if average_params else {}):
         nlp.to_disk(out)
     res = NerTrainResult(str(out), len(docs), n_spans, epochs, seed, time.perf_counter() - t0, losses_by_epoch,
                          dict(trained_on or {}, base_model=base_model, dropout=dropout, negatives=negatives,
+                              average_params=average_params,
                               augment_share=augment_share if surrogates else 0.0,
                               architecture="fine-tuned base NER" if width is None
                               else f"fresh NER, tok2vec width {width}, depth {depth}"))  # fmt: skip

@@ -9,11 +9,13 @@ would be measured on).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from ctrlgen.config import AciCorpusConfig, CtrlgenConfig, PhysionetCorpusConfig, TabCorpusConfig
+from ctrlgen.config import AciCorpusConfig, CtrlgenConfig, ExtractionConfig, PhysionetCorpusConfig, TabCorpusConfig
 from ctrlgen.corpora import load_corpus
 from ctrlgen.extract.presidio import PresidioExtractor, build_stock_analyzer, results_to_entities
 from ctrlgen.extract.quality import Scores, scores_table, span_scores
@@ -31,6 +33,48 @@ def _stock(docs: list[Document], spacy_model: str) -> list[Document]:
             Document(d.doc_id, d.text, d.metadata, results_to_entities(d.text, results, 0.0, ("DIRECT", "QUASI")))
         )
     return out
+
+
+def _mean_sd(values: list[float]) -> str:
+    """``mean ± sd`` (sample sd) of the finite values; ``-`` when there are none."""
+    xs = [x for x in values if math.isfinite(x)]
+    if not xs:
+        return "-"
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
+    return f"{m:.2f} ± {sd:.2f}"
+
+
+def _seed_spread(
+    gold: list[Document],
+    ner_cfg: ExtractionConfig,
+    first: list[Document],
+    seeds: Sequence[int],
+    spacy_model: str,
+    cache: Path = Path(".cache/ner"),
+) -> str:
+    """Markdown: pooled CV figures of the configured training seed and of ``seeds``, with mean and sd."""
+    from ctrlgen.extract.crossval import cross_validate
+
+    how = ner_cfg.ner_training
+    runs = {how.seed: span_scores(gold, first)["ALL"]}
+    for seed in dict.fromkeys(s for s in seeds if s != how.seed):
+        run_cfg = ner_cfg.model_copy(update={"ner_training": how.model_copy(update={"seed": seed})})
+        runs[seed] = span_scores(gold, cross_validate(gold, run_cfg, cache, spacy_model).predicted)["ALL"]
+        print(f"[extract-report] training seed {seed}: recall {100 * runs[seed].recall:.1f}", file=sys.stderr)
+    rows = ["| training seed | recall % | precision % | typed recall % | found / gold | predicted |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for seed, a in runs.items():
+        rows.append(f"| {seed} | {100 * a.recall:.1f} | {100 * a.precision:.1f} | {100 * a.typed_recall:.1f} | "
+                    f"{a.detected} / {a.gold} | {a.predicted} |")  # fmt: skip
+    cols = [[100 * a.recall for a in runs.values()], [100 * a.precision for a in runs.values()],
+            [100 * a.typed_recall for a in runs.values()]]  # fmt: skip
+    rows.append("| mean ± sd | " + " | ".join(_mean_sd(c) for c in cols) + " | | |")
+    return (
+        "\nThe same cross-validation with other training seeds (each seed draws its own patient folds, surrogates "
+        "and NER weights; everything else as configured): how much the pooled figures move when the NER is "
+        "trained again.\n\n" + "\n".join(rows) + "\n"
+    )
 
 
 def _by_type(gold: list[Document], preds: dict[str, list[Document]]) -> str:
@@ -59,6 +103,7 @@ def extraction_report(
     limit: int | None = None,
     deid: str | None = None,
     aci: Path | None = None,
+    seeds: Sequence[int] = (),
 ) -> str:
     """Score the engines on each corpus; return the Markdown body of docs/extraction.md.
 
@@ -66,8 +111,9 @@ def extraction_report(
     ``extraction.ner_model`` is set, ctrlgen with the clinical NER, cross-validated by patient
     on PhysioNet (:func:`~ctrlgen.extract.crossval.cross_validate`) and the full model on TAB;
     Presidio's stock engine; PhysioNet's deid tool (``deid``: its directory) on PhysioNet.
+    ``seeds``: more training seeds (each its own patient folds and NER weights) whose pooled
+    cross-validated figures are listed beside the configured seed's, with their mean and sd.
     """
-    from ctrlgen.config import ExtractionConfig
     from ctrlgen.extract.crossval import cross_validate
     from ctrlgen.extract.deid_tool import run_deid
 
@@ -124,6 +170,8 @@ def extraction_report(
                             f"{100 * a.precision:.1f} | {100 * a.recall:.1f} | {100 * a.typed_recall:.1f} |")  # fmt: skip
             extra += (f"\n{engine}, per fold (each fold's notes extracted by the NER trained on the other "
                       f"folds' patients; pooled figures above):\n\n" + "\n".join(rows) + "\n")  # fmt: skip
+            if seeds:
+                extra += _seed_spread(gold, ner_cfg, cv.predicted, seeds, cfg.nlp.spacy_model)
             if Path(ner_cfg.ner_model or "").is_dir():
                 # the model `make setup` trains on every note, on those same notes: what the experiment's
                 # unknown setting runs on this corpus (in-sample, not a quality figure)

