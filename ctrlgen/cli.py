@@ -289,11 +289,14 @@ Engines:
 - **ctrlgen (clinical NER)** (when the config names `extraction.ner_model`): the same engine with
   {architecture} trained on gold spans by `ctrlgen train-ner` (ctrlgen's categories as labels;
   training spans swapped for surrogate names, places and digits from general lists in
-  {augment:.0%} of the documents per epoch; {epochs} epochs, seed {seed}) and the recognizers
+  {augment:.0%} of the documents per epoch; {epochs} epochs, seed {seed}; the weights saved are the optimizer's
+  running averages, as `spacy train` saves them) and the recognizers
   {recognizers}, score threshold {threshold}. On PhysioNet it is **cross-validated by patient**:
   {folds} folds of patients, each fold's notes extracted by the NER trained on the other folds'
   notes, so no note is scored by a model that saw its patient; the pooled rows are all folds'
-  held-out predictions together. The **in-sample** row is the model trained on every note (the one
+  held-out predictions together. The **NER alone** row runs the same fold models with none of the
+  hand-written rules (SpacyRecognizer only, no vetoes, no mention propagation): the part of the
+  figures that is cross-validated through and through. The **in-sample** row is the model trained on every note (the one
   `make setup` trains and the experiment's unknown setting runs) scored on those same notes: how much
   better extraction looks on notes the NER was trained on, not a quality figure. Dictionaries are general lists only
   (`extraction.name_lists`, `extraction.common_words`: PhysioNet deid's public name, place and
