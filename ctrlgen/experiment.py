@@ -35,6 +35,7 @@ __all__ = [
     "PER_OUTPUT",
     "bootstrap_ci",
     "mean_ci",
+    "mean_sd",
     "patient_of",
     "plot",
     "split_of",
@@ -97,16 +98,22 @@ def split_of(patient: str, seed: int, test_fraction: float) -> str:
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
-def mean_ci(values: Sequence[float]) -> tuple[float, float]:
-    """(mean, half-width of the two-sided 95% t interval); half-width NaN for one value."""
+def mean_sd(values: Sequence[float | None]) -> tuple[float, float, int]:
+    """(mean, sample sd, n) of the values that are not None / NaN; NaN where undefined."""
     xs = [v for v in values if v is not None and not math.isnan(v)]
     if not xs:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), 0
     m = sum(xs) / len(xs)
-    if len(xs) < 2:
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
+    return m, sd, len(xs)
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, half-width of the two-sided 95% t interval); half-width NaN for one value."""
+    m, sd, n = mean_sd(values)
+    if n < 2:
         return m, float("nan")
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
-    return m, _T975.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
+    return m, _T975.get(n - 1, 1.96) * sd / math.sqrt(n)
 
 
 #: Metrics a cell may also record per output / attacked record (``cell["per_output"][key]``: a list of values).

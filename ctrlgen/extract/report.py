@@ -9,7 +9,6 @@ would be measured on).
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -22,6 +21,8 @@ from ctrlgen.extract.quality import Scores, scores_table, span_scores
 from ctrlgen.schema import Document
 
 __all__ = ["extraction_report"]
+
+NER_CACHE = Path(".cache/ner")  # fold models, keyed by what they were trained on (ctrlgen.extract.crossval)
 
 
 def _stock(docs: list[Document], spacy_model: str) -> list[Document]:
@@ -36,13 +37,10 @@ def _stock(docs: list[Document], spacy_model: str) -> list[Document]:
 
 
 def _mean_sd(values: list[float]) -> str:
-    """``mean ± sd`` (sample sd) of the finite values; ``-`` when there are none."""
-    xs = [x for x in values if math.isfinite(x)]
-    if not xs:
-        return "-"
-    m = sum(xs) / len(xs)
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
-    return f"{m:.2f} ± {sd:.2f}"
+    from ctrlgen.experiment import mean_sd  # here: ctrlgen.experiment imports torch through the generation code
+
+    m, sd, n = mean_sd(values)
+    return f"{m:.2f} ± {sd:.2f}" if n else "-"
 
 
 def _seed_spread(
@@ -51,7 +49,7 @@ def _seed_spread(
     first: list[Document],
     seeds: Sequence[int],
     spacy_model: str,
-    cache: Path = Path(".cache/ner"),
+    cache: Path = NER_CACHE,
 ) -> str:
     """Markdown: pooled CV figures of the configured training seed and of ``seeds``, with mean and sd."""
     from ctrlgen.extract.crossval import cross_validate
@@ -159,21 +157,17 @@ def extraction_report(
         t0 = time.perf_counter()
         record("ctrlgen (general NER)", general(gold), time.perf_counter() - t0)
         if ner_cfg is not None and name.startswith("PhysioNet"):
-            cv = cross_validate(gold, ner_cfg, Path(".cache/ner"), cfg.nlp.spacy_model)
+            cv = cross_validate(gold, ner_cfg, NER_CACHE, cfg.nlp.spacy_model)
             engine = f"ctrlgen (clinical NER, {len(cv.folds)}-fold CV)"
             record(engine, cv.predicted, cv.seconds_extract)
-            # the same fold models with none of the hand-written rules: the part of the figures that is
-            # cross-validated through and through
+            # the same fold models (cached: same training settings) with none of the hand-written rules:
+            # the part of the figures that is cross-validated through and through
             alone = ner_cfg.model_copy(update={"recognizers": ["SpacyRecognizer"], "clinical_number_veto": False,
                                                "propagate_mentions": False, "expand_initials": False})  # fmt: skip
-            by_id: dict[str, Document] = {}
-            seconds = 0.0
-            for fold_gold, model in zip(cv.per_fold, cv.models, strict=True):
-                ext = PresidioExtractor(alone.model_copy(update={"ner_model": model}), identifiers="direct+quasi")
-                t0 = time.perf_counter()
-                by_id.update((d.doc_id, d) for d in ext(fold_gold))
-                seconds += time.perf_counter() - t0
-            record(f"ctrlgen (clinical NER alone, {len(cv.folds)}-fold CV)", [by_id[d.doc_id] for d in gold], seconds)
+            cv_alone = cross_validate(gold, alone, NER_CACHE, cfg.nlp.spacy_model)
+            record(
+                f"ctrlgen (clinical NER alone, {len(cv.folds)}-fold CV)", cv_alone.predicted, cv_alone.seconds_extract
+            )
             rows = ["| fold | patients | notes | gold | predicted | precision % | recall % | typed recall % |",
                     "|---|---|---|---|---|---|---|---|"]  # fmt: skip
             for i, (fg, fp) in enumerate(zip(cv.per_fold, cv.per_fold_pred, strict=True)):
