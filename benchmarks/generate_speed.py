@@ -9,7 +9,13 @@ The workload is the real ICL stage (``ctrlgen.generation.icl.generate_rows``) on
 * **modes in one call + shared prefill**: both modes' requests in one call; a target's two rows share one
   prompt, whose keys/values are computed once;
 * the same with a **static** key/value cache (``cache_implementation="static"``) instead of the shared prefill;
-* **bf16** weights (the CPU here has AVX512-BF16) with the shared prefill.
+* **bf16** weights (the CPU here has AVX512-BF16) with the shared prefill;
+* the **top-k sampler**: top-p drawn among the 256 most likely tokens when they hold the nucleus (before: a sort
+  of the whole 49k vocabulary per row and step);
+* **eager attention for the decoding steps** (``HFEngine.decode_attention``; the prefill keeps SDPA): torch's
+  SDPA on CPU decodes one query over a long cache slower than the plain matmuls.
+
+Rows before the sampler row run with the full sort (``RowSampler.TOP_K`` above the vocabulary).
 
 Tokens/s counts generated tokens over wall time including prefill. Writes the "Generation speed" section
 of docs/benchmarks.md.
@@ -37,6 +43,7 @@ from generate import physionet_code_rows  # noqa: E402
 from ctrlgen.config import GenerationConfig, ModelConfig, SamplingConfig  # noqa: E402
 from ctrlgen.fictional import FictionalCodes  # noqa: E402
 from ctrlgen.generation import HFEngine  # noqa: E402
+from ctrlgen.generation.engine import RowSampler  # noqa: E402
 from ctrlgen.generation.icl import build_pool, generate_rows  # noqa: E402
 from ctrlgen.models import load_causal_lm  # noqa: E402
 
@@ -80,28 +87,43 @@ def main() -> None:
     def engine(m: Any, **kw: Any) -> HFEngine:
         return HFEngine(m, tok, cfg.sampling, cfg.batch_size, **kw)
 
-    variants: list[tuple[str, Any, bool]] = [
-        ("per-mode calls, fp32, dynamic cache (before)", lambda: engine(model, share_prefill=False), True),
-        ("modes in one call + shared prefill, fp32", lambda: engine(model), False),
+    full = 10**9  # RowSampler.TOP_K above the vocabulary: topk over all of it, the full sort of before
+    off = {"decode_attention": None}
+    variants: list[tuple[str, Any, bool, int]] = [
+        ("per-mode calls, fp32, dynamic cache (before)", lambda: engine(model, share_prefill=False, **off), True, full),
+        ("modes in one call + shared prefill, fp32", lambda: engine(model, **off), False, full),
         (
             "modes in one call, static cache, fp32",
-            lambda: engine(model, share_prefill=False, cache_implementation="static"),
+            lambda: engine(model, share_prefill=False, cache_implementation="static", **off),
             False,
+            full,
         ),
     ]
     bf16 = load_causal_lm(ModelConfig(name="smollm2-135m", dtype="bfloat16"))[0]
-    variants.append(("modes in one call + shared prefill, bf16", lambda: engine(bf16), False))
+    variants += [
+        ("modes in one call + shared prefill, bf16", lambda: engine(bf16, **off), False, full),
+        ("the same + top-k sampler (now)", lambda: engine(bf16, **off), False, RowSampler.TOP_K),
+        ("the same + eager attention for decoding (now)", lambda: engine(bf16, decode_attention="eager"), False,
+         RowSampler.TOP_K),
+    ]  # fmt: skip
+    top_k = RowSampler.TOP_K
     _run(engine(model), tok, pool, targets[:2], cfg, fict, False)  # warm-up (allocator, kernels)
     results = []
     texts: dict[str, list[str]] = {}
-    for name, make, per_mode in variants:
+    for name, make, per_mode, k in variants:
+        RowSampler.TOP_K = k
         secs, toks, outs = _run(make(), tok, pool, targets, cfg, fict, per_mode)
         texts[name] = outs
         results.append((name, secs, toks))
         print(f"[generate_speed] {name}: {toks} tokens in {secs:.1f} s = {toks / secs:.1f} tokens/s", flush=True)
+    RowSampler.TOP_K = top_k
     base = results[0][2] / results[0][1]
-    same = sum(a == b for a, b in zip(texts[variants[0][0]], texts[variants[1][0]], strict=True))
-    n_out = len(texts[variants[0][0]])
+    names = [v[0] for v in variants]
+
+    def same(a: int, b: int) -> int:
+        return sum(x == y for x, y in zip(texts[names[a]], texts[names[b]], strict=True))
+
+    n_out = len(texts[names[0]])
     lines = [
         f"{n_targets} PhysioNet targets x (icl, icl_blocking) = {2 * n_targets} outputs, 3 contexts of at most "
         f"256 tokens each, {new_tokens} new tokens at most (ICL stop strings on), batch {cfg.batch_size}, "
@@ -111,9 +133,14 @@ def main() -> None:
         "|---|---|---|---|---|",
         *(f"| {n} | {s:.1f} | {t} | {t / s:.1f} | {t / s / base:.2f}x |" for n, s, t in results),
         "",
-        f"Outputs identical to before with the shared prefill (fp32): {same}/{n_out} (same seeds; a shared prefill "
-        "computes the prompt in a smaller batch, which can change the last bits of a logit). bf16 changes the "
-        "numbers, so its texts differ; tokens/s normalises for length.",
+        f"Outputs identical to before with the shared prefill (fp32): {same(0, 1)}/{n_out} (same seeds; a shared "
+        "prefill computes the prompt in a smaller batch, which can change the last bits of a logit). bf16 changes "
+        "the numbers, so its texts differ; tokens/s normalises for length. The top-k sampler draws from the same "
+        f"nucleus (it sorts the whole vocabulary for a row whose top {top_k} tokens hold less than top-p of the "
+        f"mass): identical to the full sort in {same(3, 4)}/{n_out} outputs (tied logits, common in bf16, may be "
+        "ordered differently by topk and sort, which moves a draw). Eager attention for the decoding steps (the "
+        f"prompt's prefill stays SDPA) computes the same attention in another order: {same(4, 5)}/{n_out} "
+        "outputs identical.",
     ]
     body = "\n".join(lines)
     print(body, flush=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ctrlgen.config import CtrlgenConfig
 
-__all__ = ["init_ray", "resolve_address"]
+__all__ = ["init_ray", "quiet_cleaner_without_dashboard", "resolve_address"]
 
 
 def resolve_address(address: str | None, environ: dict[str, str] | None = None) -> str:
@@ -25,6 +25,19 @@ def resolve_address(address: str | None, environ: dict[str, str] | None = None) 
     if address is None:
         return "auto" if env.get("RAY_ADDRESS") else "local"
     return address
+
+
+# Ray Train's placement-group cleaner asks the State API (served by the dashboard) every second whether the
+# train controller is alive, and warns on every failure: without a dashboard, one line a second per training.
+_PG_CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+
+
+def quiet_cleaner_without_dashboard() -> None:
+    """Worker set-up hook of a private cluster started without the dashboard: the cleaner's
+    State-API warnings (it cannot reach the API there) become errors-only; nothing else changes."""
+    import logging
+
+    logging.getLogger(_PG_CLEANER_LOGGER).setLevel(logging.ERROR)
 
 
 def init_ray(cfg: CtrlgenConfig, **kwargs: Any) -> str:
@@ -41,6 +54,10 @@ def init_ray(cfg: CtrlgenConfig, **kwargs: Any) -> str:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private cluster of this process only
         cpus = cfg.ray.num_cpus or (os.cpu_count() or 2) + 2
         kwargs.setdefault("log_to_driver", True)
+        if not cfg.ray.include_dashboard:
+            env = dict(kwargs.pop("runtime_env", None) or {})
+            env.setdefault("worker_process_setup_hook", "ray_jobs.runtime.quiet_cleaner_without_dashboard")
+            kwargs["runtime_env"] = env
         ray.init(
             address="local",
             num_cpus=cpus,

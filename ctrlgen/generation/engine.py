@@ -25,7 +25,8 @@ Example:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -83,7 +84,8 @@ class RowSampler:
     It returns scores that are ``-inf`` everywhere except the drawn token, so the
     greedy step of ``generate`` picks it. Temperature 0 means argmax (plain greedy).
     The generators live on the logits' device (made at the first step), so a GPU step
-    draws on the GPU; the only host sync per step is one read of which rows are all banned.
+    draws on the GPU; the only host sync per step reads two flags per row (all banned; nucleus among the
+    top :attr:`TOP_K` tokens).
     A seed gives the same tokens on the same kind of device (CPU and CUDA streams differ).
     """
 
@@ -98,22 +100,37 @@ class RowSampler:
             self.generators = [torch.Generator(device=device).manual_seed(s) for s in self.seeds]
         return self.generators
 
+    #: Candidates taken with ``topk`` before top-p: a full sort of the vocabulary was most of the sampler's time.
+    TOP_K = 256
+
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.temperature == 0:
             return scores
         logits = scores.float() / self.temperature  # [batch, vocab]
-        sorted_logits, sorted_idx = torch.sort(logits, descending=True, dim=-1)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        cum = torch.cumsum(probs, dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        drop = (cum - probs) >= self.top_p
-        probs = probs.masked_fill(drop, 0.0)
-        chosen = sorted_idx[:, 0].clone()  # rows with every token banned keep it: the caller's checks see them
-        finite = torch.isfinite(sorted_logits[:, 0]).tolist()  # the step's one host sync
-        for b, gen in enumerate(self._generators(scores.device)):
-            if finite[b]:
-                pick = torch.multinomial(probs[b], 1, generator=gen)
-                chosen[b] = sorted_idx[b, pick[0]]
+        norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # probabilities over the whole vocabulary
+        if self.top_p >= 1.0:  # no nucleus: the whole vocabulary, sorted (the draws of earlier versions)
+            top_logits, top_idx = torch.sort(logits, descending=True, dim=-1)
+        else:
+            top_logits, top_idx = torch.topk(logits, min(self.TOP_K, logits.shape[-1]), dim=-1)  # descending
+        probs = torch.exp(top_logits - norm)
+        # A row whose top k hold top_p of the mass has its whole nucleus among them: sampling there is exact.
+        # Other rows sort their whole vocabulary. The choice is the row's own, never its batch companions'.
+        covered = probs.sum(-1) >= self.top_p
+        finite = torch.isfinite(norm[:, 0])  # rows with every token banned keep the argmax: the caller sees them
+        flags = torch.stack([covered | (self.top_p >= 1.0), finite]).tolist()  # the step's one host sync
+        chosen = logits.argmax(dim=-1)
+        gens = self._generators(scores.device)
+        for b in range(logits.shape[0]):
+            if not flags[1][b]:
+                continue
+            if flags[0][b]:
+                p, idx = probs[b], top_idx[b]
+            else:
+                srt, idx = torch.sort(logits[b], descending=True)
+                p = torch.exp(srt - norm[b])
+            if self.top_p < 1.0:  # keep the smallest prefix whose mass reaches top_p (always at least one token)
+                p = p.masked_fill((torch.cumsum(p, dim=-1) - p) >= self.top_p, 0.0)
+            chosen[b] = idx[torch.multinomial(p, 1, generator=gens[b])[0]]
         out = torch.full_like(scores, float("-inf"))
         out[torch.arange(scores.shape[0], device=scores.device), chosen] = 0.0
         return out
@@ -145,6 +162,11 @@ class HFEngine:
     share_prefill: bool = True
     #: transformers' ``cache_implementation`` for ``generate`` (None: its dynamic cache; "static": preallocated).
     cache_implementation: str | None = None
+    #: Attention implementation of the decoding steps; the prompt's prefill keeps the model's own. "auto": "eager"
+    #: on CPU, where torch's SDPA decodes one token over a long cache about 2x slower than the plain matmuls
+    #: (docs/benchmarks.md), the model's own elsewhere; None: the model's own throughout. The switch is made on
+    #: the (possibly shared) model for the length of a batch: engines sharing a model generate one at a time.
+    decode_attention: str | None = "auto"
 
     def __post_init__(self) -> None:
         self.tokenizer.padding_side = "left"
@@ -156,6 +178,11 @@ class HFEngine:
             # PEFT prompt learning puts its virtual tokens into the cache inside its own generate(): a cache
             # prefilled here would hold them too and shift every position, so a prefix model prefills per row.
             self.share_prefill = False
+        self._base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        if self.decode_attention == "auto":
+            self.decode_attention = "eager" if self.model.device.type == "cpu" else None
+        if self.decode_attention == self._base.config._attn_implementation:
+            self.decode_attention = None
 
     def limit(self, request: GenerationRequest) -> int:
         """New tokens allowed for ``request``."""
@@ -188,6 +215,19 @@ class HFEngine:
                 results[i] = res
         return [r for r in results if r is not None]
 
+    @contextmanager
+    def _attention(self, implementation: str | None) -> Iterator[None]:
+        """The model runs with ``implementation`` inside (None: unchanged)."""
+        own = self._base.config._attn_implementation
+        if implementation is None or implementation == own:
+            yield
+            return
+        self._base.set_attn_implementation(implementation)
+        try:
+            yield
+        finally:
+            self._base.set_attn_implementation(own)
+
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> Any:
         """The keys/values of each distinct prompt but its last token (positions as ``generate`` computes them
         from the attention mask), copied to the batch rows that use it; ``generate`` then feeds only the last
@@ -208,7 +248,9 @@ class HFEngine:
         distinct = {p: i for i, p in enumerate(dict.fromkeys(prompts))}  # prompt -> its row in the encoding
         enc = tok(list(distinct), return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         extra: dict[str, Any] = {}
-        if len(distinct) < len(batch):
+        # Prefill here (the model's attention, one row per distinct prompt) when prompts repeat or when the
+        # decoding steps use another attention implementation; generate() then decodes from that cache.
+        if len(distinct) < len(batch) or (self.decode_attention and self.share_prefill):
             rows = torch.tensor([distinct[p] for p in prompts], device=device)
             if self.share_prefill and enc["input_ids"].shape[1] > 1:
                 extra["past_key_values"] = self._prefill(enc["input_ids"][:, :-1], enc["attention_mask"][:, :-1], rows)
@@ -232,14 +274,15 @@ class HFEngine:
         criteria = StoppingCriteriaList()
         if len(set(limits)) > 1:
             criteria.append(_RowLimits(enc["input_ids"].shape[1], limits))
-        out = self.model.generate(
-            **enc,
-            generation_config=gen_cfg,
-            logits_processor=LogitsProcessorList(processors),
-            stopping_criteria=criteria,
-            tokenizer=tok if stops else None,
-            **extra,
-        )
+        with self._attention(self.decode_attention):
+            out = self.model.generate(
+                **enc,
+                generation_config=gen_cfg,
+                logits_processor=LogitsProcessorList(processors),
+                stopping_criteria=criteria,
+                tokenizer=tok if stops else None,
+                **extra,
+            )
         new = out[:, enc["input_ids"].shape[1] :]  # [batch, new]
         seconds = (time.perf_counter() - t0) / len(batch)
         results = []

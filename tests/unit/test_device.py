@@ -42,6 +42,28 @@ def test_row_sampler_generators_follow_the_logits_device_and_keep_the_draws():
     assert [picked[0], picked[2]] == [int(idx[0, ref[0]]), int(idx[1, ref[1]])]
 
 
+def test_row_sampler_top_p_draws_equal_a_full_sort_and_do_not_depend_on_the_batch():
+    """The top-k shortcut samples the exact nucleus: the draws of a full sort of the vocabulary (a peaked row,
+    whose nucleus is among the top RowSampler.TOP_K tokens, and a flat one, whose nucleus is not), and a row
+    draws the same token alone as beside a row that takes the other path."""
+    torch.manual_seed(0)
+    vocab = 4 * RowSampler.TOP_K
+    peaked, flat = torch.randn(vocab) * 4, torch.randn(vocab) * 0.05
+    seeds = [21, 22]
+    rows = torch.stack([peaked, flat])
+    picked = RowSampler(seeds, temperature=0.7, top_p=0.9)(torch.zeros(2, 1, dtype=torch.long), rows.clone())
+    picked = picked.argmax(-1).tolist()
+    srt, idx = torch.sort(rows / 0.7, descending=True)
+    probs = torch.softmax(srt, -1)
+    probs = probs.masked_fill((probs.cumsum(-1) - probs) >= 0.9, 0.0)
+    assert int((probs[1] > 0).sum()) > RowSampler.TOP_K > int((probs[0] > 0).sum())  # both paths taken
+    ref = _reference_draws(seeds, probs)
+    assert picked == [int(idx[0, ref[0]]), int(idx[1, ref[1]])]
+    for b, s in enumerate(seeds):  # each row alone, with its seed
+        one = RowSampler([s], temperature=0.7, top_p=0.9)(torch.zeros(1, 1, dtype=torch.long), rows[b : b + 1].clone())
+        assert one.argmax(-1).tolist() == [picked[b]]
+
+
 def test_banned_token_tensors_live_on_the_given_device():
     proc = RowBannedTokens([[[3], [4, 5]], [[6]]], 10, torch.device("cpu"))
     assert proc.single_rows.device.type == "cpu"
