@@ -103,7 +103,7 @@ def main() -> None:
     variants += [
         ("modes in one call + shared prefill, bf16", lambda: engine(bf16, **off), False, full),
         ("the same + top-k sampler (now)", lambda: engine(bf16, **off), False, RowSampler.TOP_K),
-        ("the same + eager attention for decoding (now)", lambda: engine(bf16, decode_attention="eager"), False,
+        ("the same + eager attention for decoding (not adopted)", lambda: engine(bf16, decode_attention="eager"), False,
          RowSampler.TOP_K),
     ]  # fmt: skip
     top_k = RowSampler.TOP_K

@@ -162,11 +162,11 @@ class HFEngine:
     share_prefill: bool = True
     #: transformers' ``cache_implementation`` for ``generate`` (None: its dynamic cache; "static": preallocated).
     cache_implementation: str | None = None
-    #: Attention implementation of the decoding steps; the prompt's prefill keeps the model's own. "auto": "eager"
-    #: on CPU, where torch's SDPA decodes one token over a long cache about 2x slower than the plain matmuls
-    #: (docs/benchmarks.md), the model's own elsewhere; None: the model's own throughout. The switch is made on
-    #: the (possibly shared) model for the length of a batch: engines sharing a model generate one at a time.
-    decode_attention: str | None = "auto"
+    #: Attention implementation of the decoding steps, the prompt's prefill keeping the model's own (None: the
+    #: model's own throughout; "auto": "eager" on CPU). Measured on this CPU (docs/benchmarks.md, generation
+    #: speed): eager decoding was 0.83x of SDPA, so the default is None. The switch is made on the (possibly
+    #: shared) model for the length of a batch: engines sharing a model generate one at a time.
+    decode_attention: str | None = None
 
     def __post_init__(self) -> None:
         self.tokenizer.padding_side = "left"
