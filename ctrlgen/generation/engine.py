@@ -118,7 +118,7 @@ class RowSampler:
         covered = probs.sum(-1) >= self.top_p
         finite = torch.isfinite(norm[:, 0])  # rows with every token banned keep the argmax: the caller sees them
         flags = torch.stack([covered | (self.top_p >= 1.0), finite]).tolist()  # the step's one host sync
-        chosen = logits.argmax(dim=-1)
+        chosen = top_idx[:, 0].clone()  # the argmax
         gens = self._generators(scores.device)
         for b in range(logits.shape[0]):
             if not flags[1][b]:
@@ -163,7 +163,7 @@ class HFEngine:
     #: transformers' ``cache_implementation`` for ``generate`` (None: its dynamic cache; "static": preallocated).
     cache_implementation: str | None = None
     #: Attention implementation of the decoding steps, the prompt's prefill keeping the model's own (None: the
-    #: model's own throughout; "auto": "eager" on CPU). Measured on this CPU (docs/benchmarks.md, generation
+    #: model's own throughout). Measured on this CPU (docs/benchmarks.md, generation
     #: speed): eager decoding was 0.83x of SDPA, so the default is None. The switch is made on the (possibly
     #: shared) model for the length of a batch: engines sharing a model generate one at a time.
     decode_attention: str | None = None
@@ -179,8 +179,6 @@ class HFEngine:
             # prefilled here would hold them too and shift every position, so a prefix model prefills per row.
             self.share_prefill = False
         self._base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        if self.decode_attention == "auto":
-            self.decode_attention = "eager" if self.model.device.type == "cpu" else None
         if self.decode_attention == self._base.config._attn_implementation:
             self.decode_attention = None
 
@@ -216,13 +214,13 @@ class HFEngine:
         return [r for r in results if r is not None]
 
     @contextmanager
-    def _attention(self, implementation: str | None) -> Iterator[None]:
-        """The model runs with ``implementation`` inside (None: unchanged)."""
-        own = self._base.config._attn_implementation
-        if implementation is None or implementation == own:
+    def _decoding_attention(self) -> Iterator[None]:
+        """The model runs with :attr:`decode_attention` inside (None: unchanged)."""
+        if self.decode_attention is None:
             yield
             return
-        self._base.set_attn_implementation(implementation)
+        own = self._base.config._attn_implementation
+        self._base.set_attn_implementation(self.decode_attention)
         try:
             yield
         finally:
@@ -274,7 +272,7 @@ class HFEngine:
         criteria = StoppingCriteriaList()
         if len(set(limits)) > 1:
             criteria.append(_RowLimits(enc["input_ids"].shape[1], limits))
-        with self._attention(self.decode_attention):
+        with self._decoding_attention():
             out = self.model.generate(
                 **enc,
                 generation_config=gen_cfg,
