@@ -56,8 +56,11 @@ _EPSILON = {"prefix_dp8": 8.0, "prefix_dp4": 4.0}
 _ANON = {"anon_redact": "redact", "anon_surrogate": "surrogate", "anon_llm": "llm"}
 
 
+_T0 = [time.perf_counter()]  # the run's start (reset by run): every log line says the minutes since
+
+
 def _log(msg: str) -> None:
-    sys.stderr.write(f"[experiment] {msg}\n")
+    sys.stderr.write(f"[experiment {(time.perf_counter() - _T0[0]) / 60:5.1f} min] {msg}\n")
     sys.stderr.flush()
 
 
@@ -142,7 +145,7 @@ class _Utility:
         if texts is not None:
             texts = self._cap(texts, seed)
             finetune_lm(model, tok, texts, epochs=self.x.ppl_epochs, learning_rate=self.x.ppl_learning_rate,
-                        max_tokens=self.x.ppl_max_tokens, seed=seed)  # fmt: skip
+                        max_tokens=self.x.ppl_max_tokens, seed=seed, autocast=self.x.utility_autocast)  # fmt: skip
         return perplexity(model, tok, self.test, self.x.ppl_max_tokens)
 
     def classify(self, texts: list[str], labels: list[set[str]]) -> float | None:
@@ -337,7 +340,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     from ray_jobs.train import run as run_train
 
     x = cfg.experiment
-    t0 = time.perf_counter()
+    t0 = _T0[0] = time.perf_counter()
     if storage.is_uri(cfg.output_dir):
         raise CtrlgenError(
             f"experiment: output_dir must be a local or shared-filesystem path, not {cfg.output_dir} (remote "

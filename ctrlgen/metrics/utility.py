@@ -202,8 +202,17 @@ def finetune_lm(
     batch_size: int = 4,
     max_tokens: int = 256,
     seed: int = 0,
+    autocast: str | None = None,
 ) -> list[float]:
-    """Full fine-tuning (causal LM loss, AdamW) in place; returns the loss of every step."""
+    """Full fine-tuning (causal LM loss, AdamW) in place; returns the loss of every step.
+
+    ``autocast`` (e.g. ``"bfloat16"``): each step's forward and loss run under ``torch.autocast`` in that dtype
+    (mixed precision: weights and AdamW state stay float32). The context is entered per step, as PyTorch
+    prescribes: its cache of low-precision weight casts lives as long as the context, so one context around
+    the whole loop would run every forward on the weights as they were before the first step.
+    """
+    import contextlib
+
     import torch
 
     texts = [t for t in texts if t.strip()]
@@ -220,7 +229,9 @@ def finetune_lm(
         random.Random(f"{seed}\x1f{epoch}").shuffle(order)
         for i in range(0, len(order), batch_size):
             inp, att, lab = (t.to(model.device) for t in _batch([ids[j] for j in order[i : i + batch_size]], pad))
-            loss = model(input_ids=inp, attention_mask=att, labels=lab).loss
+            with torch.autocast(model.device.type, dtype=getattr(torch, autocast)) if autocast else \
+                    contextlib.nullcontext():  # fmt: skip
+                loss = model(input_ids=inp, attention_mask=att, labels=lab).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

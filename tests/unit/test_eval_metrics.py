@@ -319,3 +319,28 @@ def test_shared_prompt_scoring_equals_the_full_sequence_pass_for_base_prefix_and
             assert full != base_scores
         else:
             base_scores = full
+
+
+def test_utility_autocast_fine_tunes_in_bf16_on_the_current_weights_and_keeps_fp32_weights():
+    """experiment.utility_autocast: each step's forward in bf16 on the weights as they are after the previous
+    step (autocast's cast cache must not freeze them: the losses fall as the float32 run's do), weights
+    float32, the perplexity after close to the float32 run's."""
+    import torch
+
+    from ctrlgen.metrics.utility import finetune_lm, perplexity
+    from ctrlgen.models import tiny_llama
+
+    texts = ["Pt seen by Dr Ann Lee on Monday, BP stable.", "Follow up in two weeks with cardiology."] * 2
+    test = ["Pt seen by Dr Ann Lee on Monday, BP stable.", "Seen again, no new complaints today."]
+    losses, ppl = {}, {}
+    for mode in (None, "bfloat16"):
+        torch.manual_seed(0)
+        model, tok = tiny_llama()
+        losses[mode] = finetune_lm(model, tok, texts, epochs=6, learning_rate=3e-3, max_tokens=32, seed=0,
+                                   batch_size=2, autocast=mode)  # fmt: skip
+        ppl[mode] = perplexity(model, tok, test, 32)
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+    f32, b16 = losses[None], losses["bfloat16"]
+    assert f32[-1] < f32[0] - 1.0  # the fine-tuning learns
+    assert b16 != f32 and all(abs(a - b) < 0.1 * a for a, b in zip(f32, b16, strict=True))
+    assert abs(ppl["bfloat16"] / ppl[None] - 1) < 0.1
