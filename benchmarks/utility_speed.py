@@ -93,9 +93,10 @@ fine-tuning (not the perplexity pass) under bf16 autocast.
 Fine-tuning under bf16 autocast is **{f32["ft"] / b16["ft"]:.2f}x** faster. Measured with the float32 pass the
 experiment uses, the fine-tuning moves perplexity by {moved["bf16 autocast"]:.1f} (autocast) vs
 {moved["float32"]:.1f} (float32) from the base model's {base["float32"]:.2f}: the float32 master weights and AdamW
-state take the same updates. A bf16 perplexity pass would hide them (column 5): at lr 5e-5 a few steps move
-the weights by less than bf16's resolution, which is why the pass stays float32. The speed-up needs a CPU
-with AVX512-BF16 or AMX (this one has AVX512-BF16); elsewhere leave the option unset.
+state take the same updates. A bf16 pass would round the fine-tuned weights (at lr 5e-5 a few steps move
+them by about bf16's resolution) and report {after_same["bf16 autocast"]:.2f} instead of {ppl["bf16 autocast"]:.2f} (column 5), so
+the pass stays float32. The speed-up needs a CPU with AVX512-BF16 or AMX (this one has AVX512-BF16);
+elsewhere leave the option unset.
 """
     if args.quick:
         print(body)
