@@ -101,7 +101,30 @@ def load_prefix_model(model: Any, adapter_dir: str) -> Any:
 
     pm = PeftModel.from_pretrained(model, adapter_dir)
     pm.eval()
+    _bridge_cache_name(pm)
     return pm
+
+
+def _bridge_cache_name(pm: Any) -> None:
+    """Let PEFT's prompt-learning generation see the cache under transformers versions that call it ``cache``.
+
+    transformers 5.24 returns the generation cache as ``model_inputs["cache"]``; PEFT 0.21's
+    ``prepare_inputs_for_generation`` reads and injects ``past_key_values``, so it never sees the cache and
+    the prefix it injects is not the one the model uses (the tuned model then generates as the base model).
+    The base model's preparation is wrapped to hand the cache back under the name PEFT reads; the model's
+    forward takes it under that name too. A no-op where transformers already uses ``past_key_values``.
+    """
+    base_prepare = getattr(pm, "base_model_prepare_inputs_for_generation", None)
+    if base_prepare is None:
+        return
+
+    def prepare(*args: Any, **kwargs: Any) -> Any:
+        out = base_prepare(*args, **kwargs)
+        if "cache" in out and out.get("past_key_values") is None:
+            out["past_key_values"] = out.pop("cache")
+        return out
+
+    pm.base_model_prepare_inputs_for_generation = prepare
 
 
 @torch.no_grad()
