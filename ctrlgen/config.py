@@ -713,7 +713,7 @@ class ExperimentConfig(_Model):
         None,
         description="Run the downstream fine-tuning under torch.autocast in this dtype (float32 weights and "
         "AdamW state; the matmuls in bf16), about 2x faster on an AVX512-BF16 CPU (docs/benchmarks.md). The "
-        "perplexity pass stays float32: bf16 weights would round away the fine-tuning's small updates. "
+        "perplexity pass stays float32: a bf16 pass rounds the scores (88.23 vs 89.46 on the benchmark's set). "
         "None: float32 throughout.",
     )
     distributed_eval: bool = Field(

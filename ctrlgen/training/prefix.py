@@ -114,9 +114,10 @@ def _bridge_cache_name(pm: Any) -> None:
     The base model's preparation is wrapped to hand the cache back under the name PEFT reads; the model's
     forward takes it under that name too. A no-op where transformers already uses ``past_key_values``.
     """
+    config = getattr(pm, "active_peft_config", None)
     base_prepare = getattr(pm, "base_model_prepare_inputs_for_generation", None)
-    if base_prepare is None:
-        return
+    if base_prepare is None or not getattr(config, "is_prompt_learning", False):
+        return  # LoRA and the like: PEFT does not touch the cache, nothing to bridge
 
     def prepare(*args: Any, **kwargs: Any) -> Any:
         out = base_prepare(*args, **kwargs)
