@@ -98,7 +98,7 @@ class AnonymizeActor:
 
 def anonymize_dataset(ds: Any, cfg: CtrlgenConfig, seed: int | None = None) -> Any:
     """``ds`` (doc_id, text, entities) -> the anonymised rows of :data:`_SCHEMA`, through the actor pool."""
-    from ray.data import ActorPoolStrategy
+    from ray_jobs.common import even_pool
 
     a = cfg.anonymizer
     return ds.select_columns(["doc_id", "text", "entities"]).map_batches(
@@ -106,7 +106,7 @@ def anonymize_dataset(ds: Any, cfg: CtrlgenConfig, seed: int | None = None) -> A
         fn_constructor_args=(cfg.model_dump_json(), a.seed if seed is None else seed),
         batch_size=a.batch_size,
         batch_format="pyarrow",
-        compute=ActorPoolStrategy(size=a.num_actors),
+        compute=even_pool(a.num_actors),
         num_cpus=a.actor_num_cpus,
         num_gpus=a.actor_num_gpus or None,
     )

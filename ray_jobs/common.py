@@ -16,6 +16,7 @@ from ctrlgen.config import CtrlgenConfig, load_config
 from ctrlgen.errors import CtrlgenError
 
 __all__ = [
+    "even_pool",
     "extraction_input",
     "has_code",
     "job_main",
@@ -44,6 +45,19 @@ def extraction_input(cfg: CtrlgenConfig, given: str | None, job: str) -> str:
     if not storage.parquet_files(src):
         raise CtrlgenError(f"{job} input {src} holds no Parquet files (run `ctrlgen extract` first)")
     return src
+
+
+def even_pool(size: int) -> Any:
+    """An actor pool of ``size`` that spreads batches over all its actors: one batch in flight per actor.
+
+    Ray Data's default queues up to 4 batches on an actor; the first actor of a pool to finish starting
+    then takes every batch of a small dataset (2 ICL batches of 16 notes: ~165 s on one actor while the
+    other idled, ``ctrlgen experiment`` log of 2026-11-24). For pools whose batches take seconds or more
+    (generation, anonymisation, the semantic attack, shard scoring) one in flight costs nothing.
+    """
+    from ray.data import ActorPoolStrategy
+
+    return ActorPoolStrategy(size=size, max_tasks_in_flight_per_actor=1)
 
 
 def reset_dir(path: str) -> str:

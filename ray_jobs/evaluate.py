@@ -257,6 +257,8 @@ def evaluate(
     import ray
     from ray.data.aggregate import CountDistinct, Sum
 
+    from ray_jobs.common import even_pool
+
     n_in = generated.count()
     storage.remove(records_path)
     (
@@ -267,7 +269,7 @@ def evaluate(
             ShardScorer,
             fn_constructor_kwargs={"shards": shards},
             batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=num_actors),
+            compute=even_pool(num_actors),
             num_cpus=0.5,
         )
         .map_batches(_conform, batch_format="pyarrow", batch_size=None)

@@ -238,7 +238,15 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
 
     from ctrlgen.generation.report import finetune_values
     from ctrlgen.metrics.leakage import ValueIndex
-    from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample, seeded_sample_ds, values_of
+    from ray_jobs.common import (
+        even_pool,
+        extraction_input,
+        has_code,
+        reset_dir,
+        seeded_sample,
+        seeded_sample_ds,
+        values_of,
+    )
     from ray_jobs.runtime import init_ray
 
     g = cfg.generation
@@ -309,7 +317,7 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
         batch_format="pyarrow",
         num_cpus=g.actor_num_cpus,
         num_gpus=g.actor_num_gpus or None,
-        compute=ray.data.ActorPoolStrategy(size=g.num_actors),
+        compute=even_pool(g.num_actors),
     )
     if n_targets:
         out_ds.write_datasink(GeneratedSink(out))

@@ -164,7 +164,8 @@ def attack_groups(
     import functools
 
     import ray
-    from ray.data import ActorPoolStrategy
+
+    from ray_jobs.common import even_pool
 
     task = ray.remote(num_cpus=s.actor_num_cpus)(build_index)
     refs = {g: task.remote(ds, s.retriever, s.embedding_model) for g, ds in released.items()}
@@ -173,7 +174,7 @@ def attack_groups(
         fn_constructor_args=(refs, s),
         batch_size=s.batch_size,
         batch_format="pyarrow",
-        compute=ActorPoolStrategy(size=s.num_actors),
+        compute=even_pool(s.num_actors),
         num_cpus=s.actor_num_cpus,
     )
     totals: dict[str, list[float]] = {}
