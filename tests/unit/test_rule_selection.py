@@ -119,13 +119,3 @@ def test_cross_validation_with_rule_tuning_chooses_rules_without_the_held_out_pa
         sel = cv.rules[i]
         assert sel.tuning_notes == sum(len(by_patient[p][:3]) for p in seen)  # the training folds' notes only
         assert "SpacyRecognizer" in sel.cfg.recognizers
-    # the report's table, and the all-notes choice for the deployed engine (each note scored by its outer model)
-    from ctrlgen.extract.crossval import choose_rules
-    from ctrlgen.extract.report import _rules_section
-
-    deployed = choose_rules(list(zip(cv.models, cv.per_fold, strict=True)), ex, "direct+quasi", "all notes")
-    assert deployed.tuning_notes == len(docs)
-    md = _rules_section(cv, ex, deployed)
-    rows = [r for r in md.splitlines() if r.startswith("| ") and not r.startswith("| fold")]
-    assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2"]
-    assert deployed.text() in md
