@@ -23,7 +23,7 @@ from ctrlgen.extract.ner import META_FILE, NerTrainResult, Surrogates, patient_f
 from ctrlgen.extract.rules import RuleSelection
 from ctrlgen.schema import Document
 
-__all__ = ["CrossVal", "TrainJob", "choose_rules", "cross_validate", "ner_model_dir", "train_cached"]
+__all__ = ["CrossVal", "TrainJob", "cross_validate", "ner_model_dir", "train_cached"]
 
 
 @dataclass
@@ -160,18 +160,6 @@ def _inner_jobs(
 
 def _tune(inner: list[tuple[TrainJob, list[Document]]], cfg: ExtractionConfig, identifiers: str) -> RuleSelection:
     """Choose the rules of ``cfg`` on the inner folds' held-out notes (each scored by its inner NER)."""
-    label = "fold " + inner[0][0].trained_on["fold"].split(" inner")[0]
-    return choose_rules([(str(job.out), scored) for job, scored in inner], cfg, identifiers, label)
-
-
-def choose_rules(
-    scored_by: Sequence[tuple[str, Sequence[Document]]], cfg: ExtractionConfig, identifiers: str, label: str
-) -> RuleSelection:
-    """:func:`~ctrlgen.extract.rules.select_rules` on notes each scored by an NER that did not see them.
-
-    ``scored_by``: (NER model directory, the gold notes it scores). In a fold, the inner cross-validation;
-    over all notes, the outer folds' models (the rules for the engine trained on every note).
-    """
     import time
 
     from ctrlgen.extract.presidio import PresidioExtractor
@@ -180,14 +168,14 @@ def choose_rules(
     t0 = time.perf_counter()
     notes: list[Analysed] = []
     ext = None
-    for model, scored in scored_by:
-        ext = PresidioExtractor(cfg.model_copy(update={"ner_model": model}), identifiers=identifiers)
+    for job, scored in inner:
+        ext = PresidioExtractor(cfg.model_copy(update={"ner_model": str(job.out)}), identifiers=identifiers)
         raw = ext.recognizer_results([d.text for d in scored])
         notes.extend(Analysed(d, r) for d, r in zip(scored, raw, strict=True))
-    if ext is None:
-        raise ValueError("choose_rules needs at least one (model, notes) pair")
+    assert ext is not None  # at least 2 inner folds
     t = cfg.rule_tuning
     sel = select_rules(notes, cfg, ext.finish, beta=t.beta, thresholds=t.thresholds)
-    print(f"[cross-validate] {label}: {sel.evaluated} rule configurations scored on {len(notes)} notes "
+    tag = inner[0][0].trained_on["fold"].split(" inner")[0]
+    print(f"[cross-validate] fold {tag}: {sel.evaluated} rule configurations scored on {len(notes)} training notes "
           f"in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
     return sel

@@ -76,7 +76,7 @@ def _seed_spread(
     )
 
 
-def _rules_section(cv: Any, ner_cfg: ExtractionConfig, deployed: Any) -> str:
+def _rules_section(cv: Any, ner_cfg: ExtractionConfig) -> str:
     """Markdown: the rules each fold's engine ran, chosen on that fold's training notes only."""
     t = ner_cfg.rule_tuning
     rows = ["| fold | tuning notes | changes from the configured engine | F-beta as configured -> chosen | "
@@ -91,11 +91,6 @@ def _rules_section(cv: Any, ner_cfg: ExtractionConfig, deployed: Any) -> str:
         f"maximised F{t.beta:g} on the fold's training notes, each scored by an NER of a "
         f"{t.inner_folds}-fold inner cross-validation (trained without that note's patient); the held-out fold "
         f"was used neither to train the NER nor to choose the rules.\n\n" + "\n".join(rows) + "\n"
-        f"\nThe same selection over all notes, each scored by the outer fold model that did not see it (the "
-        f"rules for the engine whose NER is trained on every note, the one the unknown setting runs): "
-        f"{deployed.text()}. The selection always starts from this config's full set of rules (choosing inside "
-        f"a fold from a set already cut on all notes would let the held-out notes choose); the deployed engine's "
-        f"config (configs/extract_physionet.yaml) is where this all-notes choice belongs.\n"
     )
 
 
@@ -204,13 +199,7 @@ def extraction_report(
             extra += (f"\n{engine}, per fold (each fold's notes extracted by the NER trained on the other "
                       f"folds' patients; pooled figures above):\n\n" + "\n".join(rows) + "\n")  # fmt: skip
             if cv.rules:
-                from ctrlgen.extract.crossval import choose_rules
-
-                # the deployed engine (the NER trained on every note) gets the rules the same selection
-                # chooses on all notes, each scored by the outer fold model that did not see it
-                pairs = list(zip(cv.models, cv.per_fold, strict=True))
-                deployed = choose_rules(pairs, ner_cfg, "direct+quasi", "all notes")
-                extra += _rules_section(cv, ner_cfg, deployed)
+                extra += _rules_section(cv, ner_cfg)
             if seeds:
                 extra += _seed_spread(gold, ner_cfg, cv.predicted, seeds, cfg.nlp.spacy_model)
             if Path(ner_cfg.ner_model or "").is_dir():
