@@ -115,20 +115,15 @@ def cross_validate(
     models = trained[: len(jobs)]
     by_id: dict[str, Document] = {}
     res = CrossVal(folds, [], models=models)
-    if tuning.enabled:  # the folds' selections are independent: in parallel processes, as the trainings
-        args = [(inner, extraction, identifiers) for inner in inner_jobs]
-        if how.workers > 1:
-            with ProcessPoolExecutor(max_workers=min(how.workers, k)) as pool:
-                res.rules = list(pool.map(_tune, *zip(*args, strict=True)))
-        else:
-            res.rules = [_tune(*a) for a in args]
     for i, (fold, model) in enumerate(zip(folds, models, strict=True)):
         held = set(fold)
         gold = [d for d, p in zip(docs, patients, strict=True) if p in held]
         run_cfg = extraction.model_copy(update={"ner_model": model})
-        if res.rules:
-            print(f"[cross-validate] fold {i + 1}/{k} rules: {res.rules[i].text()}", file=sys.stderr, flush=True)
-            run_cfg = res.rules[i].cfg.model_copy(update={"ner_model": model})
+        if tuning.enabled:
+            sel = _tune(inner_jobs[i], run_cfg, identifiers)
+            print(f"[cross-validate] fold {i + 1}/{k} rules: {sel.text()}", file=sys.stderr, flush=True)
+            res.rules.append(sel)
+            run_cfg = sel.cfg.model_copy(update={"ner_model": model})
         ext = PresidioExtractor(run_cfg, identifiers=identifiers)
         t0 = time.perf_counter()
         pred = ext(gold)
@@ -160,12 +155,9 @@ def _inner_jobs(
 
 def _tune(inner: list[tuple[TrainJob, list[Document]]], cfg: ExtractionConfig, identifiers: str) -> RuleSelection:
     """Choose the rules of ``cfg`` on the inner folds' held-out notes (each scored by its inner NER)."""
-    import time
-
     from ctrlgen.extract.presidio import PresidioExtractor
     from ctrlgen.extract.rules import Analysed, select_rules
 
-    t0 = time.perf_counter()
     notes: list[Analysed] = []
     ext = None
     for job, scored in inner:
@@ -174,8 +166,4 @@ def _tune(inner: list[tuple[TrainJob, list[Document]]], cfg: ExtractionConfig, i
         notes.extend(Analysed(d, r) for d, r in zip(scored, raw, strict=True))
     assert ext is not None  # at least 2 inner folds
     t = cfg.rule_tuning
-    sel = select_rules(notes, cfg, ext.finish, beta=t.beta, thresholds=t.thresholds)
-    tag = inner[0][0].trained_on["fold"].split(" inner")[0]
-    print(f"[cross-validate] fold {tag}: {sel.evaluated} rule configurations scored on {len(notes)} training notes "
-          f"in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
-    return sel
+    return select_rules(notes, cfg, ext.finish, beta=t.beta, thresholds=t.thresholds)
