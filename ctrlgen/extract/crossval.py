@@ -20,7 +20,6 @@ from typing import Any
 
 from ctrlgen.config import ExtractionConfig, NerTrainingConfig
 from ctrlgen.extract.ner import META_FILE, NerTrainResult, Surrogates, patient_folds, train_ner
-from ctrlgen.extract.rules import RuleSelection
 from ctrlgen.schema import Document
 
 __all__ = ["CrossVal", "TrainJob", "cross_validate", "ner_model_dir", "train_cached"]
@@ -33,7 +32,6 @@ class CrossVal:
     per_fold: list[list[Document]] = field(default_factory=list)  # gold documents per fold
     per_fold_pred: list[list[Document]] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
-    rules: list[RuleSelection] = field(default_factory=list)  # per fold, with rule_tuning on
     seconds_extract: float = 0.0  # extraction only (models loaded), all folds
 
 
@@ -86,22 +84,16 @@ def cross_validate(
     identifiers: str = "direct+quasi",
     corpus_name: str = "physionet-deid",
 ) -> CrossVal:
-    """Train one NER per fold (cached) and extract each fold's notes with the engine of its model.
-
-    With ``extraction.rule_tuning.enabled``, each fold's engine runs the rules chosen on the other
-    folds' notes (:func:`~ctrlgen.extract.rules.select_rules`), scored there by an inner cross-validation
-    of ``rule_tuning.inner_folds`` patient folds: the held-out fold is used neither to train the NER nor
-    to choose the rules.
-    """
+    """Train one NER per fold (cached) and extract each fold's notes with the engine of its model."""
     import time
 
     from ctrlgen.extract.presidio import PresidioExtractor
 
-    how, tuning = extraction.ner_training, extraction.rule_tuning
+    how = extraction.ner_training
     k = how.folds
     patients = [str(d.metadata.get("patient", d.doc_id)) for d in docs]
     folds = patient_folds(patients, k, how.seed)
-    jobs, inner_jobs = [], []
+    jobs = []
     for i, fold in enumerate(folds):
         held = set(fold)
         train = [d for d, p in zip(docs, patients, strict=True) if p not in held]
@@ -109,22 +101,13 @@ def cross_validate(
                 "train_documents": len(train)}  # fmt: skip
         out = ner_model_dir(cache, train, how, base_model, f"{corpus_name}-fold{i + 1}of{k}")
         jobs.append(TrainJob(train, out, how, base_model, extraction.name_lists, meta))
-        if tuning.enabled:
-            inner_jobs.append(_inner_jobs(train, i, k, extraction, cache, base_model, corpus_name))
-    trained = train_cached(jobs + [j for per in inner_jobs for j, _ in per], how.workers)
-    models = trained[: len(jobs)]
+    models = train_cached(jobs, how.workers)
     by_id: dict[str, Document] = {}
     res = CrossVal(folds, [], models=models)
-    for i, (fold, model) in enumerate(zip(folds, models, strict=True)):
+    for fold, model in zip(folds, models, strict=True):
         held = set(fold)
         gold = [d for d, p in zip(docs, patients, strict=True) if p in held]
-        run_cfg = extraction.model_copy(update={"ner_model": model})
-        if tuning.enabled:
-            sel = _tune(inner_jobs[i], run_cfg, identifiers)
-            print(f"[cross-validate] fold {i + 1}/{k} rules: {sel.text()}", file=sys.stderr, flush=True)
-            res.rules.append(sel)
-            run_cfg = sel.cfg.model_copy(update={"ner_model": model})
-        ext = PresidioExtractor(run_cfg, identifiers=identifiers)
+        ext = PresidioExtractor(extraction.model_copy(update={"ner_model": model}), identifiers=identifiers)
         t0 = time.perf_counter()
         pred = ext(gold)
         res.seconds_extract += time.perf_counter() - t0
@@ -133,37 +116,3 @@ def cross_validate(
         by_id.update((d.doc_id, d) for d in pred)
     res.predicted = [by_id[d.doc_id] for d in docs]
     return res
-
-
-def _inner_jobs(
-    train: list[Document], i: int, k: int, extraction: ExtractionConfig, cache: Path, base_model: str, corpus: str
-) -> list[tuple[TrainJob, list[Document]]]:
-    """The inner cross-validation of outer fold ``i``'s training notes: (NER job, the notes it scores)."""
-    how, n = extraction.ner_training, extraction.rule_tuning.inner_folds
-    patients = [str(d.metadata.get("patient", d.doc_id)) for d in train]
-    out = []
-    for j, fold in enumerate(patient_folds(patients, n, how.seed)):
-        held = set(fold)
-        fit = [d for d, p in zip(train, patients, strict=True) if p not in held]
-        scored = [d for d, p in zip(train, patients, strict=True) if p in held]
-        meta = {"corpus": corpus, "fold": f"{i + 1}/{k} inner {j + 1}/{n}", "held_out_patients": fold,
-                "train_documents": len(fit)}  # fmt: skip
-        path = ner_model_dir(cache, fit, how, base_model, f"{corpus}-fold{i + 1}of{k}-inner{j + 1}of{n}")
-        out.append((TrainJob(fit, path, how, base_model, extraction.name_lists, meta), scored))
-    return out
-
-
-def _tune(inner: list[tuple[TrainJob, list[Document]]], cfg: ExtractionConfig, identifiers: str) -> RuleSelection:
-    """Choose the rules of ``cfg`` on the inner folds' held-out notes (each scored by its inner NER)."""
-    from ctrlgen.extract.presidio import PresidioExtractor
-    from ctrlgen.extract.rules import Analysed, select_rules
-
-    notes: list[Analysed] = []
-    ext = None
-    for job, scored in inner:
-        ext = PresidioExtractor(cfg.model_copy(update={"ner_model": str(job.out)}), identifiers=identifiers)
-        raw = ext.recognizer_results([d.text for d in scored])
-        notes.extend(Analysed(d, r) for d, r in zip(scored, raw, strict=True))
-    assert ext is not None  # at least 2 inner folds
-    t = cfg.rule_tuning
-    return select_rules(notes, cfg, ext.finish, beta=t.beta, thresholds=t.thresholds)
