@@ -308,11 +308,8 @@ Engines:
   facility and campus names, street addresses, "lives in X"; dates as m-d-y, m/yy and years
   beside procedures; DATETIME spans that read as ventilator settings, pain scores, fractions,
   blood pressures or clock times dropped, and LOC spans made of generic place words dropped
-  (clinical_number_veto, propagate_mentions). **How the rules were made:** by reading this
-  corpus' pooled cross-validated errors, not inside training folds. The NER is cross-validated;
-  the hand-written rules are not, and the PhysioNet figures are optimistic by whatever part of
-  them fits this corpus alone. No rule holds a corpus value (a name, a place, a date). The
-  ACI-Bench check below runs on notes that were not read while writing them. Ages follow each
+  (clinical_number_veto, propagate_mentions). {rules_made} No rule holds a corpus value (a name, a
+  place, a date). The ACI-Bench check below runs on notes that were not read while writing them. Ages follow each
   corpus' definition (`extraction.min_age`): PhysioNet's gold, like HIPAA Safe Harbor, counts
   ages over 89 only, so there the engine reports ages of at least {min_age}; ACI-Bench's metadata
   counts every age, so there it runs with min_age 0. For notes of other layouts, rules find what no
@@ -335,6 +332,18 @@ are by gold category, precision by predicted category. All gold spans count (DIR
 Speeds are documents per second on one core of this machine (2 cores), models loaded.
 
 """
+
+
+_RULES_FIXED = """**How the rules were made:** by reading this
+  corpus' pooled cross-validated errors, not inside training folds. The NER is cross-validated;
+  the hand-written rules are not, and the PhysioNet figures are optimistic by whatever part of
+  them fits this corpus alone."""
+_RULES_CHOSEN = """**How the rules were made and chosen:** they were written
+  by reading this corpus' pooled cross-validated errors; *which of them run*, and the score threshold,
+  is chosen inside each training fold (`extraction.rule_tuning`, ctrlgen/extract/rules.py; the table
+  after the per-fold figures): the held-out fold's notes neither train the NER nor choose the rules.
+  What stays optimistic is the writing itself: a rule exists because an error was seen on this
+  corpus, and a fold's selection can keep it."""
 
 
 def cmd_train_ner(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
@@ -396,6 +405,7 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
         epochs=ex.ner_training.epochs,
         seed=ex.ner_training.seed,
         folds=ex.ner_training.folds,
+        rules_made=_RULES_CHOSEN if ex.rule_tuning.enabled else _RULES_FIXED,
         architecture=f"{cfg.nlp.spacy_model}'s NER fine-tuned"
         if ex.ner_training.width is None
         else f"a fresh NER (tok2vec width {ex.ner_training.width}, depth {ex.ner_training.depth}) on "

@@ -219,6 +219,25 @@ class NerTrainingConfig(_Model):
     workers: int = Field(2, ge=1, description="Folds trained in parallel processes.")
 
 
+class RuleTuningConfig(_Model):
+    """In-fold selection of the hand-written rules in the extraction report's cross-validation.
+
+    For each outer fold, the rules (each recognizer beside the NER, the vetoes, mention propagation,
+    initials, the score threshold) are chosen on the *other* folds' notes only, scored on their own inner
+    cross-validation (NERs trained without the notes they score), then run on the held-out fold.
+    """
+
+    enabled: bool = Field(False, description="Select the rules inside each training fold (the report's CV).")
+    inner_folds: int = Field(3, ge=2, description="Patient folds of the inner cross-validation of each training fold.")
+    beta: float = Field(
+        2.0, gt=0.0, description="The selection maximises F-beta of the inner held-out predictions (2: recall first)."
+    )
+    thresholds: list[float] = Field(
+        default_factory=lambda: [0.3, 0.4, 0.5, 0.6, 0.7],
+        description="Score thresholds the selection may choose from (beside the configured one).",
+    )
+
+
 class ExtractionConfig(_Model):
     """Entity extraction (METHOD.md section 2): known (gold / placeholders) or unknown (Presidio)."""
 
@@ -266,6 +285,7 @@ class ExtractionConfig(_Model):
         "words that DictionaryRecognizer never takes for a name on their own.",
     )
     ner_training: NerTrainingConfig = Field(default_factory=NerTrainingConfig)
+    rule_tuning: RuleTuningConfig = Field(default_factory=RuleTuningConfig)
     expand_initials: bool = Field(
         False, description="Widen each PERSON over an initial right before or after it ('W. Marotta')."
     )

@@ -20,9 +20,10 @@ from typing import Any
 
 from ctrlgen.config import ExtractionConfig, NerTrainingConfig
 from ctrlgen.extract.ner import META_FILE, NerTrainResult, Surrogates, patient_folds, train_ner
+from ctrlgen.extract.rules import RuleSelection
 from ctrlgen.schema import Document
 
-__all__ = ["CrossVal", "TrainJob", "cross_validate", "ner_model_dir", "train_cached"]
+__all__ = ["CrossVal", "TrainJob", "choose_rules", "cross_validate", "ner_model_dir", "train_cached"]
 
 
 @dataclass
@@ -32,6 +33,7 @@ class CrossVal:
     per_fold: list[list[Document]] = field(default_factory=list)  # gold documents per fold
     per_fold_pred: list[list[Document]] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
+    rules: list[RuleSelection] = field(default_factory=list)  # per fold, with rule_tuning on
     seconds_extract: float = 0.0  # extraction only (models loaded), all folds
 
 
@@ -84,16 +86,22 @@ def cross_validate(
     identifiers: str = "direct+quasi",
     corpus_name: str = "physionet-deid",
 ) -> CrossVal:
-    """Train one NER per fold (cached) and extract each fold's notes with the engine of its model."""
+    """Train one NER per fold (cached) and extract each fold's notes with the engine of its model.
+
+    With ``extraction.rule_tuning.enabled``, each fold's engine runs the rules chosen on the other
+    folds' notes (:func:`~ctrlgen.extract.rules.select_rules`), scored there by an inner cross-validation
+    of ``rule_tuning.inner_folds`` patient folds: the held-out fold is used neither to train the NER nor
+    to choose the rules.
+    """
     import time
 
     from ctrlgen.extract.presidio import PresidioExtractor
 
-    how = extraction.ner_training
+    how, tuning = extraction.ner_training, extraction.rule_tuning
     k = how.folds
     patients = [str(d.metadata.get("patient", d.doc_id)) for d in docs]
     folds = patient_folds(patients, k, how.seed)
-    jobs = []
+    jobs, inner_jobs = [], []
     for i, fold in enumerate(folds):
         held = set(fold)
         train = [d for d, p in zip(docs, patients, strict=True) if p not in held]
@@ -101,13 +109,27 @@ def cross_validate(
                 "train_documents": len(train)}  # fmt: skip
         out = ner_model_dir(cache, train, how, base_model, f"{corpus_name}-fold{i + 1}of{k}")
         jobs.append(TrainJob(train, out, how, base_model, extraction.name_lists, meta))
-    models = train_cached(jobs, how.workers)
+        if tuning.enabled:
+            inner_jobs.append(_inner_jobs(train, i, k, extraction, cache, base_model, corpus_name))
+    trained = train_cached(jobs + [j for per in inner_jobs for j, _ in per], how.workers)
+    models = trained[: len(jobs)]
     by_id: dict[str, Document] = {}
     res = CrossVal(folds, [], models=models)
-    for fold, model in zip(folds, models, strict=True):
+    if tuning.enabled:  # the folds' selections are independent: in parallel processes, as the trainings
+        args = [(inner, extraction, identifiers) for inner in inner_jobs]
+        if how.workers > 1:
+            with ProcessPoolExecutor(max_workers=min(how.workers, k)) as pool:
+                res.rules = list(pool.map(_tune, *zip(*args, strict=True)))
+        else:
+            res.rules = [_tune(*a) for a in args]
+    for i, (fold, model) in enumerate(zip(folds, models, strict=True)):
         held = set(fold)
         gold = [d for d, p in zip(docs, patients, strict=True) if p in held]
-        ext = PresidioExtractor(extraction.model_copy(update={"ner_model": model}), identifiers=identifiers)
+        run_cfg = extraction.model_copy(update={"ner_model": model})
+        if res.rules:
+            print(f"[cross-validate] fold {i + 1}/{k} rules: {res.rules[i].text()}", file=sys.stderr, flush=True)
+            run_cfg = res.rules[i].cfg.model_copy(update={"ner_model": model})
+        ext = PresidioExtractor(run_cfg, identifiers=identifiers)
         t0 = time.perf_counter()
         pred = ext(gold)
         res.seconds_extract += time.perf_counter() - t0
@@ -116,3 +138,56 @@ def cross_validate(
         by_id.update((d.doc_id, d) for d in pred)
     res.predicted = [by_id[d.doc_id] for d in docs]
     return res
+
+
+def _inner_jobs(
+    train: list[Document], i: int, k: int, extraction: ExtractionConfig, cache: Path, base_model: str, corpus: str
+) -> list[tuple[TrainJob, list[Document]]]:
+    """The inner cross-validation of outer fold ``i``'s training notes: (NER job, the notes it scores)."""
+    how, n = extraction.ner_training, extraction.rule_tuning.inner_folds
+    patients = [str(d.metadata.get("patient", d.doc_id)) for d in train]
+    out = []
+    for j, fold in enumerate(patient_folds(patients, n, how.seed)):
+        held = set(fold)
+        fit = [d for d, p in zip(train, patients, strict=True) if p not in held]
+        scored = [d for d, p in zip(train, patients, strict=True) if p in held]
+        meta = {"corpus": corpus, "fold": f"{i + 1}/{k} inner {j + 1}/{n}", "held_out_patients": fold,
+                "train_documents": len(fit)}  # fmt: skip
+        path = ner_model_dir(cache, fit, how, base_model, f"{corpus}-fold{i + 1}of{k}-inner{j + 1}of{n}")
+        out.append((TrainJob(fit, path, how, base_model, extraction.name_lists, meta), scored))
+    return out
+
+
+def _tune(inner: list[tuple[TrainJob, list[Document]]], cfg: ExtractionConfig, identifiers: str) -> RuleSelection:
+    """Choose the rules of ``cfg`` on the inner folds' held-out notes (each scored by its inner NER)."""
+    label = "fold " + inner[0][0].trained_on["fold"].split(" inner")[0]
+    return choose_rules([(str(job.out), scored) for job, scored in inner], cfg, identifiers, label)
+
+
+def choose_rules(
+    scored_by: Sequence[tuple[str, Sequence[Document]]], cfg: ExtractionConfig, identifiers: str, label: str
+) -> RuleSelection:
+    """:func:`~ctrlgen.extract.rules.select_rules` on notes each scored by an NER that did not see them.
+
+    ``scored_by``: (NER model directory, the gold notes it scores). In a fold, the inner cross-validation;
+    over all notes, the outer folds' models (the rules for the engine trained on every note).
+    """
+    import time
+
+    from ctrlgen.extract.presidio import PresidioExtractor
+    from ctrlgen.extract.rules import Analysed, select_rules
+
+    t0 = time.perf_counter()
+    notes: list[Analysed] = []
+    ext = None
+    for model, scored in scored_by:
+        ext = PresidioExtractor(cfg.model_copy(update={"ner_model": model}), identifiers=identifiers)
+        raw = ext.recognizer_results([d.text for d in scored])
+        notes.extend(Analysed(d, r) for d, r in zip(scored, raw, strict=True))
+    if ext is None:
+        raise ValueError("choose_rules needs at least one (model, notes) pair")
+    t = cfg.rule_tuning
+    sel = select_rules(notes, cfg, ext.finish, beta=t.beta, thresholds=t.thresholds)
+    print(f"[cross-validate] {label}: {sel.evaluated} rule configurations scored on {len(notes)} notes "
+          f"in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+    return sel

@@ -577,14 +577,46 @@ class PresidioExtractor:
                 nlp_artifacts=nlp_artifacts,
                 score_threshold=self.cfg.score_threshold,
             )
-            if self.cfg.min_age:
-                results = [r for r in results if not _below_age(text, r, self.cfg.min_age)]
-            if self.cfg.clinical_number_veto:  # before overlaps are resolved: a vetoed span frees its place
-                results = [r for r in results if not _vetoed(text, r)]
-            ents = results_to_entities(text, results, self.cfg.score_threshold, self._kinds, keep_remainders=True)
-            if self.cfg.propagate_mentions:
-                ents = propagate_mentions(text, extend_names(text, ents, self._common), self._common)
-            out.append(expand_initials(text, ents) if self.cfg.expand_initials else ents)
+            out.append(self.finish(text, results))
+        return out
+
+    def finish(self, text: str, results: Sequence[Any], cfg: ExtractionConfig | None = None) -> list[Entity]:
+        """The engine's steps after Presidio's analysis: ages, vetoes, overlaps, mention propagation, initials.
+
+        ``cfg``: another configuration's switches (the rule selection of
+        :mod:`ctrlgen.extract.rules` scores several on one analysis); default this engine's.
+        """
+        cfg = cfg or self.cfg
+        if cfg.min_age:
+            results = [r for r in results if not _below_age(text, r, cfg.min_age)]
+        if cfg.clinical_number_veto:  # before overlaps are resolved: a vetoed span frees its place
+            results = [r for r in results if not _vetoed(text, r)]
+        ents = results_to_entities(text, results, cfg.score_threshold, self._kinds, keep_remainders=True)
+        if cfg.propagate_mentions:
+            ents = propagate_mentions(text, extend_names(text, ents, self._common), self._common)
+        return expand_initials(text, ents) if cfg.expand_initials else ents
+
+    def recognizer_results(self, texts: Sequence[str]) -> list[list[tuple[str, Any]]]:
+        """Every recognizer's results on each text, before the score threshold and Presidio's de-duplication.
+
+        What :meth:`presidio_analyzer.AnalyzerEngine.analyze` computes before it filters (this engine runs
+        without a context enhancer), as (recognizer name, result) pairs: a subset of the recognizers at any
+        threshold is then :func:`ctrlgen.extract.rules.analysis_under` of these, without running spaCy again.
+        """
+        from presidio_analyzer import RecognizerResult
+
+        key = RecognizerResult.RECOGNIZER_IDENTIFIER_KEY
+        recognizers = self._analyzer.registry.get_recognizers(language="en", entities=self._entities)
+        out = []
+        artifacts = self._engine.process_batch(list(texts), language="en", batch_size=self.cfg.nlp_batch_size)
+        for text, nlp_artifacts in artifacts:
+            results = []
+            for rec in recognizers:
+                for r in rec.analyze(text=text, entities=self._entities, nlp_artifacts=nlp_artifacts) or []:
+                    r.recognition_metadata = r.recognition_metadata or {}
+                    r.recognition_metadata.setdefault(key, rec.id)  # as the analyzer tags them
+                    results.append((rec.name, r))
+            out.append(results)
         return out
 
     def __call__(self, docs: Sequence[Document]) -> list[Document]:

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ctrlgen.config import AciCorpusConfig, CtrlgenConfig, ExtractionConfig, PhysionetCorpusConfig, TabCorpusConfig
 from ctrlgen.corpora import load_corpus
@@ -72,6 +73,29 @@ def _seed_spread(
         "\nThe same cross-validation with other training seeds (each seed draws its own patient folds, surrogates "
         "and NER weights; everything else as configured): how much the pooled figures move when the NER is "
         "trained again.\n\n" + "\n".join(rows) + "\n"
+    )
+
+
+def _rules_section(cv: Any, ner_cfg: ExtractionConfig, deployed: Any) -> str:
+    """Markdown: the rules each fold's engine ran, chosen on that fold's training notes only."""
+    t = ner_cfg.rule_tuning
+    rows = ["| fold | tuning notes | changes from the configured engine | F-beta as configured -> chosen | "
+            "tuning precision % | tuning recall % |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for i, sel in enumerate(cv.rules):
+        rows.append(f"| {i + 1} | {sel.tuning_notes} | {', '.join(sel.steps) or 'none'} | "
+                    f"{sel.start[0]:.3f} -> {sel.end[0]:.3f} | {100 * sel.end[1]:.1f} | {100 * sel.end[2]:.1f} |")  # fmt: skip
+    return (
+        f"\nRules chosen inside each training fold (`extraction.rule_tuning`, ctrlgen/extract/rules.py): "
+        f"starting from the configured engine, a greedy backward elimination over the recognizers beside the "
+        f"NER, the vetoes, mention propagation, initials and the score threshold ({', '.join(f'{x:g}' for x in t.thresholds)}) "
+        f"maximised F{t.beta:g} on the fold's training notes, each scored by an NER of a "
+        f"{t.inner_folds}-fold inner cross-validation (trained without that note's patient); the held-out fold "
+        f"was used neither to train the NER nor to choose the rules.\n\n" + "\n".join(rows) + "\n"
+        f"\nThe same selection over all notes, each scored by the outer fold model that did not see it (the "
+        f"rules for the engine whose NER is trained on every note, the one the unknown setting runs): "
+        f"{deployed.text()}. The selection always starts from this config's full set of rules (choosing inside "
+        f"a fold from a set already cut on all notes would let the held-out notes choose); the deployed engine's "
+        f"config (configs/extract_physionet.yaml) is where this all-notes choice belongs.\n"
     )
 
 
@@ -158,12 +182,15 @@ def extraction_report(
         record("ctrlgen (general NER)", general(gold), time.perf_counter() - t0)
         if ner_cfg is not None and name.startswith("PhysioNet"):
             cv = cross_validate(gold, ner_cfg, NER_CACHE, cfg.nlp.spacy_model)
-            engine = f"ctrlgen (clinical NER, {len(cv.folds)}-fold CV)"
+            tuned = ", rules chosen in-fold" if cv.rules else ""
+            engine = f"ctrlgen (clinical NER, {len(cv.folds)}-fold CV{tuned})"
             record(engine, cv.predicted, cv.seconds_extract)
             # the same fold models (cached: same training settings) with none of the hand-written rules:
             # the part of the figures that is cross-validated through and through
             alone = ner_cfg.model_copy(update={"recognizers": ["SpacyRecognizer"], "clinical_number_veto": False,
-                                               "propagate_mentions": False, "expand_initials": False})  # fmt: skip
+                                               "propagate_mentions": False, "expand_initials": False,
+                                               "rule_tuning": ner_cfg.rule_tuning.model_copy(
+                                                   update={"enabled": False})})  # fmt: skip
             cv_alone = cross_validate(gold, alone, NER_CACHE, cfg.nlp.spacy_model)
             record(
                 f"ctrlgen (clinical NER alone, {len(cv.folds)}-fold CV)", cv_alone.predicted, cv_alone.seconds_extract
@@ -176,6 +203,14 @@ def extraction_report(
                             f"{100 * a.precision:.1f} | {100 * a.recall:.1f} | {100 * a.typed_recall:.1f} |")  # fmt: skip
             extra += (f"\n{engine}, per fold (each fold's notes extracted by the NER trained on the other "
                       f"folds' patients; pooled figures above):\n\n" + "\n".join(rows) + "\n")  # fmt: skip
+            if cv.rules:
+                from ctrlgen.extract.crossval import choose_rules
+
+                # the deployed engine (the NER trained on every note) gets the rules the same selection
+                # chooses on all notes, each scored by the outer fold model that did not see it
+                pairs = list(zip(cv.models, cv.per_fold, strict=True))
+                deployed = choose_rules(pairs, ner_cfg, "direct+quasi", "all notes")
+                extra += _rules_section(cv, ner_cfg, deployed)
             if seeds:
                 extra += _seed_spread(gold, ner_cfg, cv.predicted, seeds, cfg.nlp.spacy_model)
             if Path(ner_cfg.ner_model or "").is_dir():
