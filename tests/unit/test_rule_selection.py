@@ -65,7 +65,10 @@ def test_scores_from_one_analysis_equal_an_engine_built_with_each_configuration(
     from ctrlgen.extract.presidio import PresidioExtractor
 
     texts = [d.text for d in _notes(shared, 40)]
+    rules = ["SpacyRecognizer", "MimicPlaceholderRecognizer", "DictionaryRecognizer", "NameFieldRecognizer",
+             "ClinicalDateRecognizer", "ClinicalPhoneRecognizer", "ClinicalFacilityRecognizer", "AgeRecognizer"]  # fmt: skip
     full = ExtractionConfig(setting="unknown", name_lists=str(TOOL / "lists"), common_words=str(TOOL / "dict"),
+                            recognizers=rules,
                             clinical_number_veto=True, propagate_mentions=True, expand_initials=True)  # fmt: skip
     engine = PresidioExtractor(full, identifiers="direct+quasi")
     raw = engine.recognizer_results(texts)
