@@ -605,7 +605,7 @@ class PresidioExtractor:
         """
         from presidio_analyzer import RecognizerResult
 
-        key = RecognizerResult.RECOGNIZER_IDENTIFIER_KEY
+        key, name_key = RecognizerResult.RECOGNIZER_IDENTIFIER_KEY, RecognizerResult.RECOGNIZER_NAME_KEY
         recognizers = self._analyzer.registry.get_recognizers(language="en", entities=self._entities)
         out = []
         artifacts = self._engine.process_batch(list(texts), language="en", batch_size=self.cfg.nlp_batch_size)
@@ -615,6 +615,7 @@ class PresidioExtractor:
                 for r in rec.analyze(text=text, entities=self._entities, nlp_artifacts=nlp_artifacts) or []:
                     r.recognition_metadata = r.recognition_metadata or {}
                     r.recognition_metadata.setdefault(key, rec.id)  # as the analyzer tags them
+                    r.recognition_metadata.setdefault(name_key, rec.name)
                     results.append((rec.name, r))
             out.append(results)
         return out
