@@ -101,7 +101,9 @@ def anonymize_dataset(ds: Any, cfg: CtrlgenConfig, seed: int | None = None) -> A
     from ray_jobs.common import even_pool
 
     a = cfg.anonymizer
-    return ds.select_columns(["doc_id", "text", "entities"]).map_batches(
+    # exact batches: a note's rewrite does not depend on how the input's blocks were cut
+    rows = ds.select_columns(["doc_id", "text", "entities"])
+    return rows.repartition(target_num_rows_per_block=a.batch_size, strict=True).map_batches(
         AnonymizeActor,
         fn_constructor_args=(cfg.model_dump_json(), a.seed if seed is None else seed),
         batch_size=a.batch_size,
@@ -160,9 +162,17 @@ def summarize(out: str, seconds: float) -> AnonymizeSummary:
 
 
 def run(cfg: CtrlgenConfig) -> AnonymizeSummary:
+    """The extraction output (or its seeded sample) -> the LLM anonymiser's actor pool -> Parquet."""
+    from ray_jobs.common import ordered_execution
+
+    with ordered_execution(cfg.anonymizer.num_documents is not None):  # see ray_jobs.generate.run
+        return _run(cfg)
+
+
+def _run(cfg: CtrlgenConfig) -> AnonymizeSummary:
     import ray
 
-    from ray_jobs.common import extraction_input, reset_dir, seeded_sample_ds
+    from ray_jobs.common import extraction_input, reset_dir, sample_in_key_order
     from ray_jobs.runtime import init_ray
 
     t0 = time.perf_counter()
@@ -172,7 +182,7 @@ def run(cfg: CtrlgenConfig) -> AnonymizeSummary:
     out = reset_dir(storage.absolute(a.output or storage.join(cfg.output_dir, "anonymized")))
     ds = ray.data.read_parquet(src).select_columns(["doc_id", "text", "entities"])
     if a.num_documents:
-        ds = seeded_sample_ds(ds, a.num_documents, a.seed, "anonymize").drop_columns(["_key"])
+        ds = sample_in_key_order(ds, a.num_documents, a.seed, "anonymize", ["doc_id", "text", "entities"])
     print(f"anonymize: {src} -> {out} ({'endpoint ' + a.endpoint if a.endpoint else 'local model'}, "
           f"{a.rounds} rounds at most, {a.num_actors} actor(s))", flush=True)  # fmt: skip
     n_in = ds.count()

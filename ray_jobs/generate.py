@@ -233,7 +233,19 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
 
     ``resume``: continue an interrupted output of the same settings (see the module doc);
     ``score``: compute PIPP / ELP per mode (the pipeline runs it as its own stage).
+
+    With ``generation.num_documents`` the sampled targets go to the actors in key order, in the same
+    batches on every run: a row's sampled text depends slightly on its batch companions (padding in
+    bf16), and an unknown-setting extraction's output files differ run to run. Over a whole corpus the
+    batches follow the input's order, unsorted (a sort would shuffle the corpus once more).
     """
+    from ray_jobs.common import ordered_execution
+
+    with ordered_execution(cfg.generation.num_documents is not None):
+        return _run(cfg, resume, score)
+
+
+def _run(cfg: CtrlgenConfig, resume: bool, score: bool) -> GenerateSummary:
     import ray
 
     from ctrlgen.generation.report import finetune_values
@@ -243,8 +255,8 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
         extraction_input,
         has_code,
         reset_dir,
+        sample_in_key_order,
         seeded_sample,
-        seeded_sample_ds,
         values_of,
     )
     from ray_jobs.runtime import init_ray
@@ -280,7 +292,8 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
         )
     if g.num_documents is not None:
         # Exact seeded top-k, the rows staying in the cluster (only k hashes reach the driver).
-        targets = seeded_sample_ds(eligible, g.num_documents, g.seed, "targets").select_columns(_COLUMNS)
+        # In key order (see run): the same batches whatever the input's file layout.
+        targets = sample_in_key_order(eligible, g.num_documents, g.seed, "targets", _COLUMNS)
     else:
         targets = eligible
     out = storage.join(storage.absolute(cfg.output_dir), "generated")
@@ -304,7 +317,7 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
         flush=True,
     )
     per_block = g.batch_size  # one generate call per block: blocks spread evenly over the actors
-    out_ds = targets.repartition(target_num_rows_per_block=per_block).map_batches(
+    out_ds = targets.repartition(target_num_rows_per_block=per_block, strict=True).map_batches(
         GenerateActor,
         fn_constructor_kwargs={
             "cfg_json": cfg.model_dump_json(),

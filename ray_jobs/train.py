@@ -519,7 +519,7 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
     import ray
     from ray.data.datasource import FilenameProvider
 
-    from ray_jobs.common import has_code, seeded_sample_ds
+    from ray_jobs.common import has_code, sample_in_key_order
 
     class _Ordered(FilenameProvider):  # file names sort in write-task order
         def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
@@ -533,7 +533,8 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
         ds = ray.data.read_parquet(src).select_columns(_COLUMNS)
         eligible = ds.map_batches(has_code, batch_format="pyarrow") if t.require_code else ds
         if t.num_documents is not None:
-            docs = seeded_sample_ds(eligible, t.num_documents, t.seed, "train").select_columns(_COLUMNS)
+            # key order: the same examples in the same order whatever the input's file layout
+            docs = sample_in_key_order(eligible, t.num_documents, t.seed, "train", _COLUMNS)
         else:
             docs = eligible
         docs.repartition(target_num_rows_per_block=_TOKENIZE_BLOCK).map_batches(

@@ -122,6 +122,52 @@ def test_seeded_top_k_is_exact_and_keeps_rows_in_the_cluster(ray_cluster):
     assert sample_threshold(ds, 3001, 3, "x") is None
 
 
+def test_sampled_targets_make_the_same_batches_whatever_the_input_layout(ray_cluster, tmp_path):
+    """What generation does with sampled targets (key order, ordered execution, strict blocks) gives
+    every actor batch the same rows from two file layouts of the same rows, as an unknown-setting
+    extraction's output differs run to run; Ray Data's default order gives different batches."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray
+
+    from ray_jobs.common import even_pool, ordered_execution, sample_in_key_order, seeded_sample_ds
+
+    class BatchIds:  # defined here: pickled by value to the workers
+        """An actor that reports which rows each batch it gets holds."""
+
+        def __call__(self, batch: pa.Table) -> pa.Table:
+            return pa.table({"ids": [",".join(batch.column("doc_id").to_pylist())]})
+
+    ids = [f"doc{i:03}" for i in range(240)]
+    for name, seed, files in (("a", 1, 3), ("b", 2, 7)):  # other row orders and file cuts
+        rows = ids[:]
+        random.Random(seed).shuffle(rows)
+        (tmp_path / name).mkdir()
+        for f in range(files):
+            part = rows[f::files]
+            pq.write_table(pa.table({"doc_id": part, "text": ["t"] * len(part)}), tmp_path / name / f"{f}.parquet")
+
+    def batches(name: str, ordered: bool) -> list[str]:
+        with ordered_execution(ordered):
+            ds = ray.data.read_parquet(str(tmp_path / name))
+            if ordered:
+                ds = sample_in_key_order(ds, 100, 5, "targets", ["doc_id"])
+            else:
+                ds = seeded_sample_ds(ds, 100, 5, "targets")
+            out = ds.repartition(target_num_rows_per_block=16, strict=ordered).map_batches(
+                BatchIds, batch_size=16, batch_format="pyarrow", compute=even_pool(2)
+            )
+            return sorted(r["ids"] for r in out.take_all())
+
+    ordered, default = batches("a", True), batches("a", False)
+    assert len(ordered) == 7 and ordered == batches("b", True)
+    rows_of = lambda bs: sorted(x for b in bs for x in b.split(","))  # noqa: E731
+    assert rows_of(ordered) == rows_of(default)  # the same 100 rows either way
+    assert default != batches("b", False)  # without it the batches differ: the test can fail
+
+
 def test_llm_anonymiser_job_keeps_every_note_and_releases_no_known_value(ray_cluster, tmp_path, shared, capsys):
     """``ctrlgen anonymize``: the Ray Data job over an extraction output (tiny model; plumbing, counts, the
     known values kept out by blocking and the redaction fallback)."""
