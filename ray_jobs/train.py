@@ -519,17 +519,14 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
     import ray
     from ray.data.datasource import FilenameProvider
 
-    from ray_jobs.common import has_code, sample_in_key_order
+    from ray_jobs.common import has_code, ordered_execution, sample_in_key_order
 
     class _Ordered(FilenameProvider):  # file names sort in write-task order
         def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
             return f"examples-{task_index:06}-{write_uuid}.parquet"
 
     t = cfg.training
-    ctx = ray.data.DataContext.get_current()
-    before = ctx.execution_options.preserve_order
-    ctx.execution_options.preserve_order = True  # same input, same examples in the same order
-    try:
+    with ordered_execution():  # same input, same examples in the same order
         ds = ray.data.read_parquet(src).select_columns(_COLUMNS)
         eligible = ds.map_batches(has_code, batch_format="pyarrow") if t.require_code else ds
         if t.num_documents is not None:
@@ -551,8 +548,6 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
             # Small row groups: a rank reads only those overlapping its share (waste < 16 batches).
             row_group_size=16 * t.batch_size,
         )
-    finally:
-        ctx.execution_options.preserve_order = before
     n_docs = docs.count()
     ok, bad = _count(data_dir)
     if ok + bad != n_docs:

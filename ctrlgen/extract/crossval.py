@@ -99,32 +99,26 @@ def cross_validate(
 
     how, tuning = extraction.ner_training, extraction.rule_tuning
     k = how.folds
-    patients = [str(d.metadata.get("patient", d.doc_id)) for d in docs]
-    folds = patient_folds(patients, k, how.seed)
-    jobs, inner_jobs = [], []
-    for i, fold in enumerate(folds):
-        held = set(fold)
-        train = [d for d, p in zip(docs, patients, strict=True) if p not in held]
-        meta = {"corpus": corpus_name, "fold": f"{i + 1}/{k}", "held_out_patients": fold,
-                "train_documents": len(train)}  # fmt: skip
-        out = ner_model_dir(cache, train, how, base_model, f"{corpus_name}-fold{i + 1}of{k}")
-        jobs.append(TrainJob(train, out, how, base_model, extraction.name_lists, meta))
-        if tuning.enabled:
-            inner_jobs.append(_inner_jobs(train, i, k, extraction, cache, base_model, corpus_name))
-    trained = train_cached(jobs + [j for per in inner_jobs for j, _ in per], how.workers)
+    outer = _fold_jobs(docs, k, extraction, cache, base_model, corpus_name)
+    folds = [fold for _, fold, _ in outer]
+    jobs = [job for job, _, _ in outer]
+    inner_jobs = [
+        _fold_jobs(job.docs, tuning.inner_folds, extraction, cache, base_model, corpus_name, within=(i, k))
+        for i, job in enumerate(jobs)
+        if tuning.enabled
+    ]
+    trained = train_cached(jobs + [j for per in inner_jobs for j, _, _ in per], how.workers)
     models = trained[: len(jobs)]
     by_id: dict[str, Document] = {}
     res = CrossVal(folds, [], models=models)
     if tuning.enabled:  # the folds' selections are independent: in parallel processes, as the trainings
-        args = [(inner, extraction, identifiers) for inner in inner_jobs]
+        args = [(inner, extraction, identifiers, f"fold {i + 1}/{k}") for i, inner in enumerate(inner_jobs)]
         if how.workers > 1:
             with ProcessPoolExecutor(max_workers=min(how.workers, k)) as pool:
                 res.rules = list(pool.map(_tune, *zip(*args, strict=True)))
         else:
             res.rules = [_tune(*a) for a in args]
-    for i, (fold, model) in enumerate(zip(folds, models, strict=True)):
-        held = set(fold)
-        gold = [d for d, p in zip(docs, patients, strict=True) if p in held]
+    for i, ((_, _, gold), model) in enumerate(zip(outer, models, strict=True)):
         run_cfg = extraction.model_copy(update={"ner_model": model})
         if res.rules:
             print(f"[cross-validate] fold {i + 1}/{k} rules: {res.rules[i].text()}", file=sys.stderr, flush=True)
@@ -140,28 +134,42 @@ def cross_validate(
     return res
 
 
-def _inner_jobs(
-    train: list[Document], i: int, k: int, extraction: ExtractionConfig, cache: Path, base_model: str, corpus: str
-) -> list[tuple[TrainJob, list[Document]]]:
-    """The inner cross-validation of outer fold ``i``'s training notes: (NER job, the notes it scores)."""
-    how, n = extraction.ner_training, extraction.rule_tuning.inner_folds
-    patients = [str(d.metadata.get("patient", d.doc_id)) for d in train]
+def _fold_jobs(
+    docs: Sequence[Document],
+    n: int,
+    extraction: ExtractionConfig,
+    cache: Path,
+    base_model: str,
+    corpus: str,
+    within: tuple[int, int] | None = None,
+) -> list[tuple[TrainJob, list[str], list[Document]]]:
+    """One NER job per patient fold of ``docs``: (the job, trained on the other folds; the fold's
+    patients; its notes, which that NER scores). ``within``: (i, k) when these are the inner
+    cross-validation of outer fold i of k (the training notes of that fold)."""
+    how = extraction.ner_training
+    patients = [str(d.metadata.get("patient", d.doc_id)) for d in docs]
     out = []
     for j, fold in enumerate(patient_folds(patients, n, how.seed)):
         held = set(fold)
-        fit = [d for d, p in zip(train, patients, strict=True) if p not in held]
-        scored = [d for d, p in zip(train, patients, strict=True) if p in held]
-        meta = {"corpus": corpus, "fold": f"{i + 1}/{k} inner {j + 1}/{n}", "held_out_patients": fold,
-                "train_documents": len(fit)}  # fmt: skip
-        path = ner_model_dir(cache, fit, how, base_model, f"{corpus}-fold{i + 1}of{k}-inner{j + 1}of{n}")
-        out.append((TrainJob(fit, path, how, base_model, extraction.name_lists, meta), scored))
+        fit = [d for d, p in zip(docs, patients, strict=True) if p not in held]
+        scored = [d for d, p in zip(docs, patients, strict=True) if p in held]
+        tag, name = f"{j + 1}/{n}", f"{corpus}-fold{j + 1}of{n}"
+        if within is not None:
+            i, k = within
+            tag, name = f"{i + 1}/{k} inner {tag}", f"{corpus}-fold{i + 1}of{k}-inner{j + 1}of{n}"
+        meta = {"corpus": corpus, "fold": tag, "held_out_patients": fold, "train_documents": len(fit)}
+        job = TrainJob(
+            fit, ner_model_dir(cache, fit, how, base_model, name), how, base_model, extraction.name_lists, meta
+        )
+        out.append((job, fold, scored))
     return out
 
 
-def _tune(inner: list[tuple[TrainJob, list[Document]]], cfg: ExtractionConfig, identifiers: str) -> RuleSelection:
+def _tune(
+    inner: list[tuple[TrainJob, list[str], list[Document]]], cfg: ExtractionConfig, identifiers: str, label: str
+) -> RuleSelection:
     """Choose the rules of ``cfg`` on the inner folds' held-out notes (each scored by its inner NER)."""
-    label = "fold " + inner[0][0].trained_on["fold"].split(" inner")[0]
-    return choose_rules([(str(job.out), scored) for job, scored in inner], cfg, identifiers, label)
+    return choose_rules([(str(job.out), scored) for job, _, scored in inner], cfg, identifiers, label)
 
 
 def choose_rules(
