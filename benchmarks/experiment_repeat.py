@@ -82,8 +82,11 @@ def main() -> None:
             t0 = time.perf_counter()
             cmd = [str(ROOT / ".venv" / "bin" / "ctrlgen"), "experiment", "-c", "configs/experiment_compare.yaml",
                    *DEFAULT, *args.overrides, f"output_dir={run}"]  # fmt: skip
-            print(f"[repeat] {' '.join(cmd[1:])}", flush=True)
-            subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            log = args.out / f"{run.name}.log"
+            print(f"[repeat] {' '.join(cmd[1:])} (output in {log})", flush=True)
+            args.out.mkdir(parents=True, exist_ok=True)
+            with log.open("w") as f:
+                subprocess.run(cmd, cwd=ROOT, check=True, stdout=f, stderr=subprocess.STDOUT)
             print(f"[repeat] {run.name}: {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
     ok = compare(a, b)
     print("the two runs are identical" if ok else "the two runs DIFFER")
