@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 DEFAULT = [
     "experiment.seeds=[0]",
     "experiment.methods=[baseline,icl,icl_blocking,anon_llm]",
@@ -44,13 +45,13 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _texts(run: Path) -> dict[tuple[str, str, str], str]:
-    import pyarrow.dataset as ds
+    from ctrlgen.generation.report import read_generated
 
-    out = {}
-    for gen in sorted(run.glob("runs/*/gen-*/generated")):
-        for row in ds.dataset(gen, partitioning="hive").to_table(columns=["doc_id", "mode", "text"]).to_pylist():
-            out[(gen.parent.name, str(row["doc_id"]), str(row["mode"]))] = row["text"]
-    return out
+    return {
+        (gen.parent.name, str(r["doc_id"]), str(r["mode"])): r["text"]
+        for gen in sorted(run.glob("runs/*/gen-*/generated"))
+        for r in read_generated(gen)
+    }
 
 
 def compare(a: Path, b: Path) -> bool:

@@ -223,16 +223,15 @@ def _shard_work(shard: Any, texts: list[str], floors: list[float], barrier: Any 
     return secs
 
 
-def divisible(refs_path: Path, texts: list[str], rounds: int = 3) -> tuple[float, float]:
+def divisible(refs: list[Any], texts: list[str], rounds: int = 3) -> tuple[float, float]:
     """What sharding can give the scoring work itself, no Serve: the seconds of one shard over those of the
     slower of two, (i) run one after the other in this process, (ii) run at once in two forked processes
     (what the box's 2 cores give two busy shards). Best of ``rounds`` each, as the service is timed: a shard
     keeps the tokens of the last 1,024 texts, so after the first round neither side tokenises again."""
     import multiprocessing as mp
 
-    from ctrlgen.metrics.shard import ReferenceShard, floors_of, iter_references
+    from ctrlgen.metrics.shard import ReferenceShard, floors_of
 
-    refs = list(iter_references(str(refs_path)))
     one = ReferenceShard(refs, 0, 1)
     two = [ReferenceShard(refs, i, 2) for i in range(2)]
     t_one = min(_shard_work(one, texts, floors_of([one.probe(texts)])) for _ in range(rounds))
@@ -287,7 +286,6 @@ def main() -> None:
         cpu: dict[int, dict[str, float]] = {}
         score: dict[tuple[int, bool, int], float] = {}
         large = _large_references(tmp, contexts, args.demo_references) if args.demo_references else None
-        n_large = sum(1 for _ in iter_references(str(large))) if large else 0  # the generated notes extracted ok
         phases = [(2, None), (1, None)] + ([(2, large), (1, large)] if large else [])
         for shards, refs in phases:
             generate = shards == 2 and refs is None
@@ -332,7 +330,12 @@ def main() -> None:
                 stop_service()
         ray.shutdown()
         # The same scoring in this process, shard after shard: how far the work itself divides.
-        split = {False: divisible(contexts, texts[:512])} | ({True: divisible(large, texts[:512])} if large else {})
+        split = {False: divisible(list(iter_references(str(contexts))), texts[:512])}
+        large_refs = list(iter_references(str(large))) if large else []  # the generated notes extracted ok
+        n_large = len(large_refs)
+        if large:
+            split[True] = divisible(large_refs, texts[:512])
+        del large_refs
         # Again after the service (this box's speed drifts by 10-20% over minutes): the reference is the mean.
         off_after = measure_offline(ref_seeds, 16, warm=False)
         off = (off_before + off_after) / 2
