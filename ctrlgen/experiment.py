@@ -21,15 +21,16 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ctrlgen.generation.icl import row_seed
+from ctrlgen.schema import patient_id
 
 __all__ = [
+    "DP_FIELDS",
     "METHOD_LABELS",
     "METRICS",
     "PER_OUTPUT",
@@ -81,13 +82,10 @@ METRICS: tuple[tuple[str, str, float, int], ...] = (
 
 
 def patient_of(row: Mapping[str, Any]) -> str:
-    """The patient a document belongs to (``metadata.patient``), else the document itself."""
-    try:
-        meta = json.loads(row.get("metadata") or "{}")
-    except (TypeError, ValueError):
-        meta = {}
-    patient = meta.get("patient") if isinstance(meta, dict) else None
-    return str(patient) if patient not in (None, "") else str(row["doc_id"])
+    """The patient a document belongs to (:func:`ctrlgen.schema.patient_id`), else the document itself."""
+    meta = row.get("metadata")
+    patient = patient_id(meta if isinstance(meta, (str, Mapping)) else None)
+    return patient if patient is not None else str(row["doc_id"])
 
 
 def split_of(patient: str, seed: int, test_fraction: float) -> str:
@@ -115,6 +113,10 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
         return m, float("nan")
     return m, _T975.get(n - 1, 1.96) * sd / math.sqrt(n)
 
+
+#: What a DP-SGD cell records beside its epsilon: the privacy unit (``patient`` or ``note``) and, only for a run
+#: whose DP randomness came from the config seed (``training.dp.reproducible_noise``), why it is not private.
+DP_FIELDS = ("dp_unit", "not_private")
 
 #: Metrics a cell may also record per output / attacked record (``cell["per_output"][key]``: a list of values).
 PER_OUTPUT = ("pipp", "pipp_long", "semantic_privacy", "lexical_privacy", "sem_link")
@@ -155,6 +157,10 @@ def summarize(cells: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for (setting, method), cs in sorted(groups.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1]))):
         row: dict[str, Any] = {"setting": setting, "method": method, "seeds": sorted(c["seed"] for c in cs),
                                "outputs": int(sum(c.get("outputs") or 0 for c in cs))}  # fmt: skip
+        for key in DP_FIELDS:  # what a DP row's epsilon is about: carried over, never averaged
+            found = sorted({str(c[key]) for c in cs if c.get(key) is not None})
+            if found:
+                row[key] = found[0] if len(found) == 1 else found
         for key, *_ in METRICS:
             vals = [float(c[key]) for c in cs if c.get(key) is not None]
             if vals:
@@ -185,6 +191,10 @@ def table(summary: Sequence[Mapping[str, Any]]) -> str:
         cells = [_fmt(r.get(k), s, d) + (" †" if (r.get(k) or {}).get("ci") == "bootstrap" else "")
                  for k, _, s, d in METRICS]  # fmt: skip
         label = METHOD_LABELS.get(r["method"], r["method"])
+        if r.get("dp_unit"):
+            label += f" (per {r['dp_unit'] if isinstance(r['dp_unit'], str) else ' / '.join(r['dp_unit'])})"
+        if r.get("not_private"):
+            label += " **NOT PRIVATE: reproducible DP noise**"
         lines.append(f"| {r['setting']} | {label} | {r.get('outputs') or '–'} | " + " | ".join(cells) + " |")
     lines += ["", "± is the 95% CI half-width: † stratified bootstrap over the outputs (or attacked records) pooled "
               "over seeds (ctrlgen.experiment.bootstrap_ci), otherwise Student's t over the seeds."]  # fmt: skip

@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,7 @@ __all__ = [
     "Quarantined",
     "documents_to_table",
     "identifier_kinds",
+    "patient_id",
     "quarantine_to_table",
     "select_private",
     "table_to_documents",
@@ -129,6 +130,32 @@ class Entity:
             row["source"],
             row.get("label") or "",
         )
+
+
+#: Metadata keys that name the patient a document belongs to: PhysioNet's ``patient`` (and any corpus
+#: in the ctrlgen schema that sets it), MIMIC's ``SUBJECT_ID``.
+PATIENT_KEYS: tuple[str, ...] = ("patient", "SUBJECT_ID")
+
+
+def patient_id(metadata: Mapping[str, Any] | str | None) -> str | None:
+    """The patient a document's ``metadata`` (a dict or its JSON) names, else None.
+
+    Example:
+        >>> patient_id('{"corpus": "mimic", "SUBJECT_ID": "109"}'), patient_id({"note": "1"})
+        ('109', None)
+    """
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata or "{}")
+        except ValueError:
+            return None
+    if not isinstance(metadata, Mapping):
+        return None
+    for key in PATIENT_KEYS:
+        value = metadata.get(key)
+        if value not in (None, ""):
+            return str(value)
+    return None
 
 
 @dataclass(slots=True)

@@ -51,6 +51,7 @@ def test_split_keeps_patients_together_and_is_seeded() -> None:
     test = sum(s == {"test"} for s in by_patient.values())
     assert 20 <= test <= 60  # about 20% of 200 patients
     assert patient_of({"doc_id": "x", "metadata": "{}"}) == "x"
+    assert patient_of({"doc_id": "7", "metadata": '{"corpus": "mimic", "SUBJECT_ID": "109"}'}) == "109"
     other = {p for p in by_patient if split_of(p, 1, 0.2) == "test"}
     assert other != {p for p, s in by_patient.items() if s == {"test"}}
 
@@ -70,6 +71,24 @@ def test_summarize_table_and_plot(tmp_path) -> None:
     assert "| known | Baseline (ICL, no codes) | – | 50.0 |" in md  # one seed: no interval
     plot(summary, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dp_rows_state_their_unit_and_the_not_private_stamp() -> None:
+    """A DP cell's privacy unit and (only for reproducible noise) its not-private stamp reach the summary row
+    and the table; other rows carry neither."""
+    stamp = "reproducible DP noise (training.dp.reproducible_noise)"
+    cells = [{"setting": "known", "method": "prefix_dp8", "seed": s, "epsilon": 7.9, "dp_unit": "patient"}
+             for s in (0, 1)]  # fmt: skip
+    cells += [{"setting": "known", "method": "prefix_dp4", "seed": 0, "epsilon": 3.9, "dp_unit": "note",
+               "not_private": stamp}, {"setting": "known", "method": "icl", "seed": 0, "pipp": 0.1}]  # fmt: skip
+    rows = {r["method"]: r for r in summarize(cells)}
+    assert rows["prefix_dp8"]["dp_unit"] == "patient" and "not_private" not in rows["prefix_dp8"]
+    assert rows["prefix_dp4"]["dp_unit"] == "note" and rows["prefix_dp4"]["not_private"] == stamp
+    assert "dp_unit" not in rows["icl"] and "not_private" not in rows["icl"]
+    md = table(summarize(cells)).splitlines()
+    dp8, dp4 = (next(x for x in md if f"eps {e} (" in x) for e in (8, 4))
+    assert "(per patient)" in dp8 and "NOT PRIVATE" not in dp8
+    assert "(per note)" in dp4 and "NOT PRIVATE" in dp4
 
 
 def test_bootstrap_ci_matches_the_binomial_interval_and_pools_seeds():
