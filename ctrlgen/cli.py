@@ -154,8 +154,12 @@ def cmd_serve(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
 
     contexts = _serve_contexts(cfg)
     svc = _start_service(cfg, args, [f"serve.contexts={contexts}"])
-    url, token_file = svc.url, svc.token_file  # type: ignore[attr-defined]
-    print(f"serving on {url} (OpenAPI: {url}/docs); bearer token in {token_file}")
+    url, token_file, audit_file = svc.url, svc.token_file, svc.audit_token_file  # type: ignore[attr-defined]
+    print(f"serving on {url} (OpenAPI: {url}/openapi.json, with a token); release-scope bearer token in {token_file}")
+    print(
+        f"  (synthesis in the gated modes; the audit-scope token, for scoring, extraction, the ungated modes and "
+        f"context ids, is in {audit_file}: docs/serving.md)"
+    )
     print(
         f"  curl -s -H \"Authorization: Bearer $(cat {token_file})\" -H 'Content-Type: application/json' "
         f'-d \'{{"n": 1, "seed": 7, "max_new_tokens": 48}}\' {url}/v1/synthesize'
@@ -184,12 +188,12 @@ def _demo_service(cfg: CtrlgenConfig, demo_args: argparse.Namespace, contexts: s
         serve_config="configs/serve/demo.yaml", config=demo_args.config, overrides=demo_args.overrides, port=None
     )
     svc = _start_service(cfg, args, [f"serve.contexts={contexts}"])
-    url, token = svc.url, svc.token  # type: ignore[attr-defined]
+    url, token, audit = svc.url, svc.token, svc.audit_token  # type: ignore[attr-defined]
     try:
         print(f"   service on {url}; GET /healthz -> {http('GET', url + '/healthz')[0]}")
         print(f"   POST /v1/synthesize without a token -> {http('POST', url + '/v1/synthesize', {})[0]}")
         doc = "Seen by Dr. Maria Lopez on 12/03/2104; pt's husband John called from Springfield."
-        status, ext = http("POST", url + "/v1/extract", {"documents": [{"text": doc}]}, token)
+        status, ext = http("POST", url + "/v1/extract", {"documents": [{"text": doc}]}, audit)
         print(f"   POST /v1/extract -> {status}; control code:")
         print("     " + (ext["documents"][0].get("control_code") or "(none)").replace("\n", "\n     "))
         reqs = [{"n": 1, "seed": s, "max_new_tokens": 48} for s in (1, 2, 3)]
@@ -210,7 +214,7 @@ def _demo_service(cfg: CtrlgenConfig, demo_args: argparse.Namespace, contexts: s
             print(f"   --- fictional code\n{o['fictional_code']}\n   --- synthetic note\n{o['text']}")
         texts = [a["outputs"][0]["text"] for s, a in answers if s == 200 and a["outputs"][0]["released"]]
         if texts:
-            status, sc = http("POST", url + "/v1/score", {"texts": texts}, token)
+            status, sc = http("POST", url + "/v1/score", {"texts": texts}, audit)
             print(
                 f"   POST /v1/score ({len(texts)} texts vs {sc['reference']['documents']:,} notes in "
                 f"{sc['reference']['shards']} shards) -> {status}: PIPP {sc['pipp']:.2f}, ELP {sc['elp']:.4f}, "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ctrlgen.errors import ConfigError
 
@@ -580,8 +580,23 @@ class ServeConfig(_Model):
     default_mode: GenerationMode = Field(
         "icl_blocking", description="Mode of a /v1/synthesize request that names none."
     )
-    token_file: str | None = Field(None, description="File holding the bearer token (read at replica start).")
-    token_env: str = Field("CTRLGEN_SERVE_TOKEN", description="Environment variable holding the token (if no file).")
+    token_file: str | None = Field(
+        None, description="File holding the release-scope bearer token (read at replica start; docs/serving.md)."
+    )
+    token_env: str = Field(
+        "CTRLGEN_SERVE_TOKEN", description="Environment variable holding the release-scope token (if no file)."
+    )
+    audit_token_file: str | None = Field(None, description="File holding the audit-scope bearer token.")
+    audit_token_env: str = Field(
+        "CTRLGEN_SERVE_AUDIT_TOKEN",
+        description="Environment variable holding the audit-scope token (if no file). No audit token at the "
+        "replica: no token has the audit scope.",
+    )
+    docs_need_token: bool = Field(True, description="/docs and /openapi.json need a bearer token (any scope).")
+    score_rate_texts: int = Field(
+        256, ge=1, description="Texts one token may send to /v1/score per score_rate_window_s (past it: 429)."
+    )
+    score_rate_window_s: float = Field(60.0, gt=0, description="The window of score_rate_texts (a token bucket).")
     max_outputs: int = Field(8, ge=1, description="Outputs one /v1/synthesize request may ask for.")
     max_new_tokens: int = Field(256, ge=1, description="Server cap on a request's max_new_tokens (larger is cut).")
     max_text_chars: int = Field(20_000, ge=1, description="Longest text /v1/extract and /v1/score accept.")
@@ -595,6 +610,15 @@ class ServeConfig(_Model):
     extractor_batch_wait_s: float = Field(0.02, ge=0, description="How long an extraction batch waits to fill.")
     scorer_shards: int = Field(2, ge=1, description="Shards of the reference index (one deployment each).")
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per generator replica.")
+
+    @model_validator(mode="after")
+    def _rate_holds_a_request(self) -> ServeConfig:
+        if self.score_rate_texts < self.max_texts:
+            raise ValueError(
+                f"serve.score_rate_texts ({self.score_rate_texts}) is below serve.max_texts ({self.max_texts}): "
+                "a full /v1/score request could never pass the rate limit"
+            )
+        return self
 
 
 class LLMConfig(_Model):

@@ -4,13 +4,19 @@ Routes: ``POST /v1/synthesize``, ``POST /v1/extract``, ``POST /v1/score``, ``GET
 ``POST /v1/completions`` (OpenAI-compatible text completion with the base model, for the LLM
 anonymiser and other OpenAI clients), ``GET /healthz`` (no auth), OpenAPI at ``/docs`` and ``/openapi.json``.
 
-* **Auth**: ``Authorization: Bearer <token>`` on every route but ``/healthz``; the token is read
-  at replica start from ``serve.token_file`` or the ``serve.token_env`` variable and compared in
-  constant time (``hmac.compare_digest``). No token configured: the replica refuses to start.
-* **Errors** are JSON ``{"error": ..., "request_id": ...}``: 401 no/bad token, 404 unknown
-  adapter (with the known ones), 413 body over ``serve.max_body_bytes``, 422 malformed input
-  (validation messages, never the input itself), 503 queue full or replica lost
-  (``retryable: true``, ``Retry-After``), 504 not answered within ``serve.request_timeout_s``.
+* **Auth**: ``Authorization: Bearer <token>`` on every route but ``/healthz`` (and on ``/docs``,
+  ``/openapi.json`` unless ``serve.docs_need_token`` is off). Two tokens, one per scope, read at
+  replica start (``serve.token_file`` / ``serve.token_env`` for ``release``, ``serve.audit_token_file`` /
+  ``serve.audit_token_env`` for ``audit``) and compared in constant time (``hmac.compare_digest``).
+  ``release``: ``/v1/synthesize`` in the gated modes only, answers without real document ids;
+  ``audit``: every route. No release token: the replica refuses to start; no audit token: no token
+  has the audit scope.
+* **Errors** are JSON ``{"error": ..., "request_id": ...}``: 401 no/bad token, 403 a route or mode
+  outside the token's scope, 404 unknown adapter (with the known ones), 413 body over
+  ``serve.max_body_bytes`` (a chunked body is refused as soon as it passes the limit), 422 malformed
+  input (validation messages, never the input itself), 429 ``/v1/score`` over its per-token rate
+  (``Retry-After``), 503 queue full or replica lost (``retryable: true``, ``Retry-After``), 504 not
+  answered within ``serve.request_timeout_s``.
 * **Logs** carry request ids, sizes and timings only: never a request body or a generated text.
 """
 
@@ -19,10 +25,13 @@ anonymiser and other OpenAI clients), ``GET /healthz`` (no auth), OpenAPI at ``/
 import asyncio
 import hmac
 import logging
+import math
 import os
 import secrets
 import time
 import uuid
+from collections.abc import Collection, Mapping
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +44,20 @@ from ray import serve
 from ctrlgen.config import CtrlgenConfig
 from serve.metrics import metrics
 
-__all__ = ["Api", "CompletionIn", "ExtractIn", "ScoreIn", "SynthesizeIn", "app", "read_token"]
+__all__ = [
+    "RELEASE_MODES",
+    "SCOPES",
+    "Api",
+    "CompletionIn",
+    "ExtractIn",
+    "RateLimiter",
+    "ScoreIn",
+    "SynthesizeIn",
+    "app",
+    "read_tokens",
+    "release_mode_error",
+    "scope_of",
+]
 
 logger = logging.getLogger("ray.serve")
 
@@ -83,6 +105,11 @@ class ExtractIn(_In):
 
 class ScoreIn(_In):
     texts: list[str] = Field(min_length=1)
+    closest_reference: bool = Field(
+        False,
+        description="Also answer, per text, its ROUGE-2/L maxima and the ids of the reference documents they "
+        "come from (audit scope).",
+    )
 
 
 class CompletionIn(BaseModel):
@@ -107,22 +134,87 @@ class ApiError(Exception):
         self.status, self.message, self.extra = status, message, extra
 
 
-def read_token(cfg: CtrlgenConfig) -> str:
-    """The bearer token: ``serve.token_file`` if set, else the ``serve.token_env`` variable."""
-    if cfg.serve.token_file:
-        path = Path(cfg.serve.token_file)
+SCOPES = ("release", "audit")
+RELEASE_MODES = ("icl_blocking", "prefix")  # the modes a release token may ask for, when the server gates them
+
+
+def _read_one(file: str | None, env: str, key: str) -> tuple[str, str]:
+    if file:
+        path = Path(file)
         if not path.is_file():
-            raise RuntimeError(f"serve.token_file {path} does not exist")
-        token = path.read_text(encoding="utf-8").strip()
-        where = str(path)
-    else:
-        token = os.environ.get(cfg.serve.token_env, "").strip()
-        where = f"${cfg.serve.token_env}"
-    if len(token) < 16:
-        raise RuntimeError(
-            f"no bearer token of at least 16 characters in {where}: the service does not run without auth"
+            raise RuntimeError(f"serve.{key} {path} does not exist")
+        return path.read_text(encoding="utf-8").strip(), str(path)
+    return os.environ.get(env, "").strip(), f"${env}"
+
+
+def read_tokens(cfg: CtrlgenConfig) -> dict[str, str]:
+    """{scope: token}: release from ``serve.token_file`` / ``$serve.token_env`` (required), audit from
+    ``serve.audit_token_file`` / ``$serve.audit_token_env`` (absent: no token has the audit scope)."""
+    sv = cfg.serve
+    tokens = {}
+    for scope, file, env, key in (("release", sv.token_file, sv.token_env, "token_file"),
+                                  ("audit", sv.audit_token_file, sv.audit_token_env, "audit_token_file")):  # fmt: skip
+        token, where = _read_one(file, env, key)
+        if not token and scope == "audit":
+            continue
+        if len(token) < 16:
+            raise RuntimeError(
+                f"no {scope} bearer token of at least 16 characters in {where}: the service does not run without auth"
+            )
+        tokens[scope] = token
+    if tokens.get("audit") == tokens["release"]:
+        raise RuntimeError("the release and audit tokens are the same: give each scope its own token")
+    return tokens
+
+
+def scope_of(header: str, tokens: Mapping[str, str]) -> str | None:
+    """The scope of an ``Authorization: Bearer <token>`` header, None when it names no configured token.
+
+    Every configured token is compared (constant time each), whichever matches.
+    """
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    given_b = given.strip().encode()
+    found = None
+    for scope, token in tokens.items():
+        if token and hmac.compare_digest(given_b, token.encode()):
+            found = scope
+    return found
+
+
+def release_mode_error(mode: str, gated: Collection[str]) -> str | None:
+    """Why a release-scope token may not synthesize in ``mode`` (None: it may). ``gated``: the modes whose
+    outputs this server passes through the release gate (``generation.gate``)."""
+    if mode not in RELEASE_MODES:
+        return (
+            f"mode {mode} is not gated: a release-scope token may ask for {' or '.join(RELEASE_MODES)} only "
+            "(the ungated modes need an audit-scope token)"
         )
-    return token
+    if mode not in gated:
+        return f"mode {mode} is not gated on this server (generation.gate): a release-scope token may not use it"
+    return None
+
+
+class RateLimiter:
+    """A token bucket per key: ``capacity`` units, refilled at ``capacity / window_s`` units per second."""
+
+    def __init__(self, capacity: int, window_s: float) -> None:
+        self.capacity, self.rate = float(capacity), capacity / window_s
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (units left, when)
+
+    def take(self, key: str, cost: int, now: float | None = None) -> float:
+        """Take ``cost`` units for ``key``: 0.0 when taken, else the seconds until they would be (nothing taken)."""
+        if cost > self.capacity:
+            raise ValueError(f"a cost of {cost} is over the bucket's capacity of {self.capacity:g}")
+        now = time.monotonic() if now is None else now
+        left, when = self._buckets.get(key, (self.capacity, now))
+        left = min(self.capacity, left + (now - when) * self.rate)
+        if left >= cost:
+            self._buckets[key] = (left - cost, now)
+            return 0.0
+        self._buckets[key] = (left, now)
+        return (cost - left) / self.rate
 
 
 app = FastAPI(
@@ -130,7 +222,8 @@ app = FastAPI(
     version="1",
     description="Privacy-preserving synthetic clinical text by controlled generation: synthesis with hard "
     "token blocking and a release gate, entity extraction, leakage scoring. Every route but /healthz "
-    "needs `Authorization: Bearer <token>`.",
+    "needs `Authorization: Bearer <token>`: a release-scope token may synthesize in the gated modes, an "
+    "audit-scope token may use every route (docs/serving.md).",
 )
 
 
@@ -139,7 +232,7 @@ def _error(status: int, message: str, request_id: str, **extra: Any) -> JSONResp
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     if extra.get("retryable"):
-        headers["Retry-After"] = "1"
+        headers["Retry-After"] = str(extra.get("retry_after_s", 1))
     return JSONResponse({"error": message, "request_id": request_id, **extra}, status_code=status, headers=headers)
 
 
@@ -163,25 +256,44 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
 
 
 def _route_name(path: str) -> str:
-    known = {"/v1/synthesize", "/v1/extract", "/v1/score", "/v1/adapters", "/healthz", "/docs", "/openapi.json"}
+    known = {"/v1/synthesize", "/v1/extract", "/v1/score", "/v1/adapters", "/healthz", *_DOCS}
     return path if path in known else "other"  # a fixed set: metric tags never carry what a client typed
+
+
+_DOCS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+
+
+async def _read_body(request: Request, limit: int) -> tuple[bytes | None, int]:
+    """(body, bytes read), read chunk by chunk; body None as soon as more than ``limit`` bytes arrived
+    (the rest is never read: a chunked body without Content-Length cannot make the replica hold it)."""
+    chunks, size = [], 0
+    async with aclosing(request.stream()) as stream:
+        async for chunk in stream:
+            size += len(chunk)
+            if size > limit:
+                return None, size
+            chunks.append(chunk)
+    return b"".join(chunks), size
 
 
 @app.middleware("http")
 async def _frame(request: Request, call_next: Any) -> Any:
-    """Request id, body-size limit, metrics and one PHI-free log line per request."""
+    """Request id, token on the docs, body-size limit, metrics and one PHI-free log line per request."""
     rid = _rid(request)
     t0 = time.perf_counter()
     route = _route_name(request.url.path)
     limit = _limits.get("max_body_bytes", 1_048_576)
     size = int(request.headers.get("content-length") or 0)
-    if size > limit:
+    if route in _DOCS and _limits.get("docs_need_token", 1) and not _scope(request):
+        response = _error(401, "missing or invalid bearer token (send 'Authorization: Bearer <token>')", rid)
+    elif size > limit:
         response = _error(413, f"request body of {size} bytes is over the limit of {limit}", rid)
     else:
-        body = await request.body()
-        if len(body) > limit:
-            response = _error(413, f"request body of {len(body)} bytes is over the limit of {limit}", rid)
+        body, size = await _read_body(request, limit)
+        if body is None:
+            response = _error(413, f"request body is over the limit of {limit} bytes", rid)
         else:
+            request._body = body  # what Request.body() caches: the routes read it from here
             try:
                 response = await call_next(request)
             except Exception as exc:  # the message may quote content: log the type only
@@ -200,23 +312,44 @@ async def _frame(request: Request, call_next: Any) -> Any:
 # pickled by value (its functions carry copies of the globals they name), while module-level functions
 # travel by reference: state is therefore written by a module-level function, never by the class itself.
 _limits: dict[str, int] = {}
-_token: dict[str, str] = {}
+_tokens: dict[str, str] = {}
 
 
-def _configure(token: str, max_body_bytes: int) -> None:
-    _token["value"] = token
+def _configure(tokens: Mapping[str, str], max_body_bytes: int, docs_need_token: bool) -> None:
+    _tokens.clear()
+    _tokens.update(tokens)
     _limits["max_body_bytes"] = max_body_bytes
+    _limits["docs_need_token"] = int(docs_need_token)
+
+
+def _scope(request: Request) -> str | None:
+    return scope_of(request.headers.get("authorization", ""), _tokens)
 
 
 async def _auth(request: Request) -> None:
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    expected = _token.get("value", "")
-    ok = (
-        scheme.lower() == "bearer" and bool(expected) and hmac.compare_digest(given.strip().encode(), expected.encode())
-    )
-    if not ok:
+    """Any scope; the scope goes to ``request.state.scope``."""
+    scope = _scope(request)
+    if scope is None:
         raise ApiError(401, "missing or invalid bearer token (send 'Authorization: Bearer <token>')")
+    request.state.scope = scope
+
+
+async def _audit(request: Request) -> None:
+    """The audit scope only."""
+    await _auth(request)
+    if request.state.scope != "audit":
+        raise ApiError(
+            403, f"{_route_name(request.url.path)} needs an audit-scope token (this one has the "
+            f"{request.state.scope} scope)"
+        )  # fmt: skip
+
+
+def _released_view(o: dict[str, Any]) -> dict[str, Any]:
+    """An output as a release-scope token sees it: no real document ids, no gate counts."""
+    view = {k: v for k, v in o.items() if k not in ("context_ids", "template_id", "attempts")}
+    if not o["released"] and not str(o.get("withheld_reason", "")).startswith("generation failed"):
+        view["withheld_reason"] = "withheld by the release gate"
+    return view
 
 
 @app.get("/healthz")
@@ -234,7 +367,11 @@ class Api:
         cfg = CtrlgenConfig.model_validate_json(cfg_json)
         self.cfg = cfg.serve
         self.default_max_new_tokens = cfg.generation.sampling.max_new_tokens
-        _configure(read_token(cfg), cfg.serve.max_body_bytes)
+        gate = cfg.generation.gate
+        self.gated = frozenset(gate.modes if gate.enabled else ())
+        # Per token (one per scope) and per ingress replica: k Api replicas let a token through k times.
+        self.score_limiter = RateLimiter(cfg.serve.score_rate_texts, cfg.serve.score_rate_window_s)
+        _configure(read_tokens(cfg), cfg.serve.max_body_bytes, cfg.serve.docs_need_token)
         self.generator, self.extractor, self.scorer = generator, extractor, scorer
         self.adapter_names = sorted(cfg.serve.adapters)
 
@@ -271,6 +408,9 @@ class Api:
         """Synthetic notes from a (fictional) control code, through the release gate."""
         t0 = time.perf_counter()
         mode = body.mode or self.cfg.default_mode
+        release = request.state.scope != "audit"
+        if release and (why := release_mode_error(mode, self.gated)):
+            raise ApiError(403, why)
         if body.n > self.cfg.max_outputs:
             raise ApiError(422, f"n={body.n} is over the server's limit of {self.cfg.max_outputs} outputs")
         if body.control_code is not None and len(body.control_code) > self.cfg.max_code_chars:
@@ -306,6 +446,9 @@ class Api:
             rid, mode, len(out["outputs"]), out["withheld"], out["regenerated"],
             sum(o["new_tokens"] for o in out["outputs"]), time.perf_counter() - t0,
         )  # fmt: skip
+        if release:  # no real document ids, and no count of the gate's findings
+            out = {k: v for k, v in out.items() if k != "regenerated"}
+            out["outputs"] = [_released_view(o) for o in out["outputs"]]
         return {"id": rid, "seed": seed, "max_new_tokens": max_new, **out, "seconds": time.perf_counter() - t0}
 
     def _texts_ok(self, texts: list[str], what: str) -> None:
@@ -315,7 +458,7 @@ class Api:
             if len(t) > self.cfg.max_text_chars:
                 raise ApiError(413, f"{what}[{i}] has {len(t)} characters, over the limit of {self.cfg.max_text_chars}")
 
-    @app.post("/v1/extract", dependencies=[Depends(_auth)])
+    @app.post("/v1/extract", dependencies=[Depends(_audit)])
     async def extract(self, body: ExtractIn, request: Request) -> dict[str, Any]:
         """Entities and control code of each document (known spans as sent, else found by the engine)."""
         self._texts_ok([d.text for d in body.documents], "documents")
@@ -347,18 +490,27 @@ class Api:
             docs.append(item)
         return {"id": rid, "documents": docs}
 
-    @app.post("/v1/score", dependencies=[Depends(_auth)])
+    @app.post("/v1/score", dependencies=[Depends(_audit)])
     async def score(self, body: ScoreIn, request: Request) -> dict[str, Any]:
-        """PIPP / ELP (fine-tuning definitions) and ROUGE-2/L maxima against the reference corpus.
+        """PIPP / ELP (fine-tuning definitions) and mean ROUGE-2/L maxima against the reference corpus.
 
-        Per text: how many corpus values it contains (never which) and its best ROUGE scores
-        with the reference document they come from.
+        Per text: how many corpus values it contains; with ``closest_reference``, also its best ROUGE
+        scores and the reference documents they come from. Audit scope, rate-limited per token.
         """
         self._texts_ok(body.texts, "texts")
+        wait = self.score_limiter.take(request.state.scope, len(body.texts))
+        if wait > 0:
+            raise ApiError(
+                429, f"over the rate limit of {self.cfg.score_rate_texts} texts per "
+                f"{self.cfg.score_rate_window_s:g} s for this token; retry later",
+                retryable=True, retry_after_s=math.ceil(wait),
+            )  # fmt: skip
         out = await self._call(self.scorer.score.remote(body.texts), "scoring")
+        if not body.closest_reference:
+            out["texts"] = [{"leaked_values": t["leaked_values"]} for t in out["texts"]]
         return {"id": _rid(request), **out}
 
-    @app.post("/v1/completions", dependencies=[Depends(_auth)])
+    @app.post("/v1/completions", dependencies=[Depends(_audit)])
     async def completions(self, body: CompletionIn, request: Request) -> dict[str, Any]:
         """OpenAI-compatible completions from the base model (no control codes, no release gate): the
         endpoint ``anonymizer.endpoint`` and other OpenAI clients can use. Batched with the other outputs."""

@@ -28,16 +28,20 @@ from ctrlgen.config import CtrlgenConfig, default_cache_dir
 from ctrlgen.errors import CtrlgenError
 from ray_jobs.runtime import init_ray
 
-__all__ = ["Service", "ensure_token", "http", "init_ray", "load_serve_config", "start_service", "stop_service"]
+__all__ = ["Service", "ensure_tokens", "http", "init_ray", "load_serve_config", "start_service", "stop_service"]
 
 APP_NAME = "ctrlgen"
 
 
 @dataclass
 class Service:
+    """A running service: its URL and one bearer token (and the file holding it) per scope."""
+
     url: str
-    token: str
+    token: str  # release scope: synthesis in the gated modes
     token_file: str
+    audit_token: str  # audit scope: every route
+    audit_token_file: str
     app: str = APP_NAME
 
 
@@ -45,24 +49,40 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def ensure_token(cfg: CtrlgenConfig) -> tuple[str, str]:
-    """(token, file): ``serve.token_file``, else ``$serve.token_env`` written to a file, else a new random one.
-
-    A new token goes to ``$CTRLGEN_CACHE/serve/token`` (mode 600) and is reused next time.
-    """
-    if cfg.serve.token_file:
-        path = Path(cfg.serve.token_file).expanduser().resolve()
+def _ensure_one(file: str | None, env_name: str, key: str, cache_name: str) -> tuple[str, str]:
+    if file:
+        path = Path(file).expanduser().resolve()
         if not path.is_file():
-            raise CtrlgenError(f"serve.token_file {path} does not exist")
+            raise CtrlgenError(f"serve.{key} {path} does not exist")
         return path.read_text(encoding="utf-8").strip(), str(path)
-    path = default_cache_dir() / "serve" / "token"
-    env = os.environ.get(cfg.serve.token_env, "").strip()
+    path = default_cache_dir() / "serve" / cache_name
+    env = os.environ.get(env_name, "").strip()
     if env or not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write((env or secrets.token_hex(32)) + "\n")
     return path.read_text(encoding="utf-8").strip(), str(path)
+
+
+def ensure_tokens(cfg: CtrlgenConfig) -> dict[str, tuple[str, str]]:
+    """{scope: (token, file)} for the release and audit scopes.
+
+    Per scope: its file setting (``serve.token_file``, ``serve.audit_token_file``), else its variable
+    (``$serve.token_env``, ``$serve.audit_token_env``) written to a file, else a new random token. Files
+    written go to ``$CTRLGEN_CACHE/serve/token`` and ``.../audit_token`` (mode 600) and are reused next time.
+    """
+    sv = cfg.serve
+    tokens = {
+        "release": _ensure_one(sv.token_file, sv.token_env, "token_file", "token"),
+        "audit": _ensure_one(sv.audit_token_file, sv.audit_token_env, "audit_token_file", "audit_token"),
+    }
+    if tokens["release"][0] == tokens["audit"][0]:
+        raise CtrlgenError(
+            f"the release token ({tokens['release'][1]}) and the audit token ({tokens['audit'][1]}) are the same: "
+            "give each scope its own token"
+        )
+    return tokens
 
 
 def load_serve_config(path: str | Path, app_args: dict[str, Any], port: int | None = None) -> Any:
@@ -99,10 +119,14 @@ def start_service(
     from ray.serve._private import api as serve_api
     from ray.serve.config import gRPCOptions
 
-    token, token_file = ensure_token(cfg)
+    tokens = ensure_tokens(cfg)
     args = {
         "config": str(Path(config_file).resolve()) if config_file else None,
-        "overrides": [*overrides, f"serve.token_file={token_file}"],
+        "overrides": [
+            *overrides,
+            f"serve.token_file={tokens['release'][1]}",
+            f"serve.audit_token_file={tokens['audit'][1]}",
+        ],
     }
     schema = load_serve_config(serve_config, args, port)
     http = schema.http_options
@@ -131,7 +155,7 @@ def start_service(
             raise CtrlgenError(f"the service was not running after {timeout_s:.0f} s (last state {state})")
         time.sleep(1.0)
     host = "127.0.0.1" if http.host in ("0.0.0.0", "::") else http.host
-    return Service(f"http://{host}:{http.port}", token, token_file, name)
+    return Service(f"http://{host}:{http.port}", *tokens["release"], *tokens["audit"], name)
 
 
 def stop_service() -> None:
