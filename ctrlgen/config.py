@@ -432,7 +432,10 @@ class DPConfig(_Model):
     )
     max_grad_norm: float = Field(1.0, gt=0.0, description="C: every example's gradient is clipped to this L2 norm.")
     logical_batch: int = Field(
-        64, ge=1, description="Expected examples per step over all workers (q = logical_batch / examples)."
+        64,
+        ge=1,
+        description="Expected units (patients or notes, see unit) per step over all workers (q = logical_batch / "
+        "units).",
     )
     accountant: Literal["rdp", "prv"] = Field(
         "rdp", description="Opacus accountant that sets sigma and reports epsilon."
@@ -441,6 +444,25 @@ class DPConfig(_Model):
         True,
         description="Every step, measure the noise actually added to the logical batch (one extra all-reduce "
         "of the prefix-sized clipped sums) and record it beside sigma * C.",
+    )
+    unit: Literal["auto", "patient", "note"] = Field(
+        "auto",
+        description="The privacy unit: patient (Poisson sampling of patients, one clipped gradient per patient "
+        "summed over their notes, q = logical_batch / patients; needs a patient id on every note: metadata "
+        "patient or SUBJECT_ID), note (one note), auto (patient when every note has a patient id, else note, "
+        "logged). The unit is written to privacy.json and the results.",
+    )
+    max_notes_per_patient: int | None = Field(
+        None,
+        ge=1,
+        description="unit patient: at most this many of a sampled patient's notes in a step, chosen at random "
+        "(None: all). Bounds a step's work; the patient's gradient is clipped to C either way.",
+    )
+    reproducible_noise: bool = Field(
+        False,
+        description="Tests only: draw the Poisson sampling and the noise from `training.seed` instead of the "
+        "OS's secure random source, so a run can be repeated exactly. Anyone with the config can then "
+        "recompute the noise: the run is NOT private and privacy.json and the results say so.",
     )
 
 
