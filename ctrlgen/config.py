@@ -410,7 +410,7 @@ class GenerationConfig(_Model):
 
 
 class LossWeightsConfig(_Model):
-    """l_LM, l_c, l_KL of the masked loss (paper: all 1)."""
+    """l_LM, l_c, l_KL of the masked and masked_paper losses (paper: all 1)."""
 
     lm: float = Field(1.0, ge=0.0)
     contrastive: float = Field(1.0, ge=0.0)
@@ -485,9 +485,12 @@ class TrainingConfig(_Model):
         description="Extraction output (status=ok Parquet directory or its parent). Default: run the "
         "extraction job first into <output_dir>/extracted.",
     )
-    variant: Literal["masked", "plain", "dp"] = Field(
+    variant: Literal["masked", "masked_paper", "plain", "dp"] = Field(
         "masked",
-        description="masked: L_LM + L_contrastive + L_KL with `weights`; plain: prefix tuning with L_LM only "
+        description="masked: L_LM on non-private tokens + the paper's contrastive ratio reversed on private "
+        "tokens (pushes them below the base model) + L_KL, with `weights`; masked_paper: METHOD.md Eq. 3 as "
+        "written (L_LM on every token + -log(P/(P+P_base)) on private ones: raises them above the base); plain: "
+        "prefix tuning with L_LM only "
         "(the comparison variant; no base-model forward); dp: L_LM under DP-SGD (`dp`; Opacus, Poisson "
         "sampling, plain torch DDP instead of DeepSpeed, `batch_size` is the physical micro-batch).",
     )
@@ -700,6 +703,7 @@ ExperimentMethod = Literal[
     "icl_blocking",
     "prefix",
     "prefix_masked",
+    "prefix_masked_paper",
     "prefix_dp8",
     "prefix_dp4",
     "anon_redact",
@@ -730,10 +734,12 @@ class ExperimentConfig(_Model):
     methods: list[ExperimentMethod] = Field(
         default_factory=lambda: list[ExperimentMethod](["baseline", "icl", "icl_blocking", "prefix", "prefix_masked"]),
         description="baseline, icl, icl_blocking (ICL generation modes); prefix (prefix tuning, plain "
-        "L_LM) and prefix_masked (prefix tuning with the privacy-masked loss); prefix_dp8 / prefix_dp4 (DP-SGD "
-        "prefix tuning at epsilon 8 / 4, training.dp for the rest); anon_redact / anon_surrogate (the real test "
-        "notes released with their entities redacted or replaced by fictional values, ctrlgen.anonymize); anon_llm "
-        "(the real test notes rewritten by the LLM anonymiser, ctrlgen.anonymize_llm, settings in anonymizer).",
+        "L_LM), prefix_masked (prefix tuning with the masking loss, training.variant masked) and "
+        "prefix_masked_paper (the paper's loss as written, training.variant masked_paper); prefix_dp8 / "
+        "prefix_dp4 (DP-SGD prefix tuning at epsilon 8 / 4, training.dp for the rest); anon_redact / "
+        "anon_surrogate (the real test notes released with their entities redacted or replaced by fictional "
+        "values, ctrlgen.anonymize); anon_llm (the real test notes rewritten by the LLM anonymiser, "
+        "ctrlgen.anonymize_llm, settings in anonymizer).",
     )
     settings: list[EntitySetting] = Field(
         default_factory=lambda: list[EntitySetting](["known", "unknown"]),

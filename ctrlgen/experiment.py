@@ -51,6 +51,7 @@ METHOD_LABELS = {
     "icl_blocking": "ICL + blocking",
     "prefix": "Prefix tuning",
     "prefix_masked": "Prefix tuning + masking",
+    "prefix_masked_paper": "Prefix tuning + masking (paper's loss)",
     "prefix_dp8": "Prefix tuning, DP-SGD eps 8",
     "prefix_dp4": "Prefix tuning, DP-SGD eps 4",
     "anon_redact": "Anonymised: redaction",

@@ -1,8 +1,8 @@
 """The experiment matrix (METHOD.md section 7) on one Ray cluster, reusing the other jobs.
 
-{baseline, ICL, ICL + blocking, prefix tuning, prefix tuning + masking, DP-SGD prefix
-tuning at epsilon 8 and 4, the real test notes anonymised by redaction, by fictional
-surrogates and by the LLM anonymiser} x {known, unknown entities} x seeds, read straight down:
+{baseline, ICL, ICL + blocking, prefix tuning, prefix tuning + masking (the masking loss,
+or the paper's as written), DP-SGD prefix tuning at epsilon 8 and 4, the real test notes
+anonymised by redaction, by fictional surrogates and by the LLM anonymiser} x {known, unknown entities} x seeds, read straight down:
 
 1. **extract** the corpus in each setting (the extraction job; the known setting
    always runs: its gold entities are what leakage is measured against);
@@ -11,7 +11,8 @@ surrogates and by the LLM anonymiser} x {known, unknown entities} x seeds, read 
 3. **fine-tuning set**: a seeded sample of train-split notes with ``experiment.canaries``
    canaries planted (:mod:`ctrlgen.metrics.canary`), the same notes in both settings;
 4. **train** a prefix per setting and variant (plain for ``prefix``, masked for
-   ``prefix_masked``; per seed with ``train_per_seed``) with the training job;
+   ``prefix_masked``, masked_paper for ``prefix_masked_paper``; per seed with
+   ``train_per_seed``) with the training job;
    canary exposure of each adapter;
 5. **generate**, per setting and seed, ``experiment.num_documents`` outputs per
    method from test-split notes' fictional codes (ICL contexts from the train split)
@@ -51,7 +52,8 @@ __all__ = ["ExperimentSummary", "main", "run"]
 
 _DOC_COLUMNS = ["doc_id", "text", "metadata", "entities", "control_code"]
 _ICL = ("baseline", "icl", "icl_blocking")
-_VARIANT = {"prefix": "plain", "prefix_masked": "masked", "prefix_dp8": "dp", "prefix_dp4": "dp"}
+_VARIANT = {"prefix": "plain", "prefix_masked": "masked", "prefix_masked_paper": "masked_paper",
+            "prefix_dp8": "dp", "prefix_dp4": "dp"}  # fmt: skip
 _EPSILON = {"prefix_dp8": 8.0, "prefix_dp4": 4.0}
 _ANON = {"anon_redact": "redact", "anon_surrogate": "surrogate", "anon_llm": "llm"}
 

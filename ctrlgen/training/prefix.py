@@ -1,12 +1,13 @@
-"""PEFT prefix tuning of a causal LM and the per-batch loss of both variants.
+"""PEFT prefix tuning of a causal LM and the per-batch loss of its variants.
 
 * :func:`prefix_model` wraps any ``LlamaForCausalLM``-style model with
   ``PrefixTuningConfig`` (20 virtual tokens by default); only the prefix trains.
-* :func:`batch_loss` runs the tuned forward and, for the masked variant, the base
+* :func:`batch_loss` runs the tuned forward and, for the masked variants, the base
   forward with the prefix disabled under ``no_grad`` (``disable_adapter`` gives
   exactly the bare model's logits), then :func:`masked_prefix_loss`.
 * :func:`loss_weights` maps the config onto :class:`LossWeights`: ``plain`` is
-  L_LM only (no base forward at all), ``masked`` uses the configured weights.
+  L_LM only (no base forward at all), ``masked`` (the masking objective) and
+  ``masked_paper`` (Eq. 3 as written) use the configured weights.
 
 Generation must go through the *PEFT* model (``PeftModel.generate``): the bare base
 model silently skips the prefix (METHOD.md section 5, pitfalls).
@@ -144,11 +145,12 @@ def base_output_logits(model: Any, inputs: dict[str, torch.Tensor], labels: torc
 
 
 def loss_weights(cfg: TrainingConfig) -> LossWeights:
-    """``plain`` and ``dp`` -> (1, 0, 0); ``masked`` -> the configured (l_LM, l_c, l_KL)."""
+    """``plain`` and ``dp`` -> (1, 0, 0); ``masked`` / ``masked_paper`` -> the configured (l_LM, l_c, l_KL) with
+    the ``"masked"`` / ``"paper"`` objective (:mod:`ctrlgen.training.loss`)."""
     if cfg.variant in ("plain", "dp"):
         return LossWeights(1.0, 0.0, 0.0)
     w = cfg.weights
-    return LossWeights(w.lm, w.contrastive, w.kl)
+    return LossWeights(w.lm, w.contrastive, w.kl, "masked" if cfg.variant == "masked" else "paper")
 
 
 def batch_loss(

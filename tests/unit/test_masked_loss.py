@@ -1,4 +1,5 @@
-"""The masked prefix-tuning loss, term by term, against hand computations (METHOD.md section 5)."""
+"""The masked prefix-tuning losses (the paper's Eq. 3 and the masking objective), term by term, against hand
+computations (METHOD.md section 5)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return logits, base, labels, private
 
 
-def _by_hand(logits, base, labels, private):
+def _by_hand(logits, base, labels, private, objective="paper"):
     lm = con = kl = 0.0
     n = 0
     for b in range(labels.shape[0]):
@@ -31,9 +32,11 @@ def _by_hand(logits, base, labels, private):
             n += 1
             p = torch.softmax(logits[b, t - 1], -1)
             q = torch.softmax(base[b, t - 1], -1)
-            lm += -math.log(p[y])
+            if objective == "paper" or not private[b, t]:
+                lm += -math.log(p[y])
             if private[b, t]:
-                con += -math.log(p[y] / (p[y] + q[y]))
+                # paper: -log(p / (p + q)); masked: the ratio reversed, -log(q / (p + q))
+                con += -math.log((p[y] if objective == "paper" else q[y]) / (p[y] + q[y]))
             else:
                 kl += sum(float(q[v]) * math.log(q[v] / p[v]) for v in range(p.shape[0]))
     return lm, con, kl, n
@@ -50,6 +53,54 @@ def test_each_term_matches_a_hand_computation() -> None:
     assert float(t.total) == pytest.approx(lm + con + kl, rel=1e-5)
     mean = masked_prefix_loss(logits, base, labels, private)
     assert float(mean.total) == pytest.approx((lm + con + kl) / n, rel=1e-5)
+
+
+def test_the_masking_objective_matches_a_hand_computation() -> None:
+    logits, base, labels, private = _case()
+    lm, con, kl, n = _by_hand(logits, base, labels, private, "masked")
+    w = LossWeights(0.5, 2.0, 3.0, "masked")
+    t = masked_prefix_loss(logits, base, labels, private, w, reduction="sum")
+    assert t.tokens == n == 6 and t.private_tokens == 3
+    assert float(t.lm) == pytest.approx(lm, rel=1e-5)
+    assert float(t.contrastive) == pytest.approx(con, rel=1e-5)
+    assert float(t.kl) == pytest.approx(kl, rel=1e-5)
+    assert float(t.total) == pytest.approx(0.5 * lm + 2 * con + 3 * kl, rel=1e-5)
+    assert float(masked_prefix_loss(logits, base, labels, private, w).total) == pytest.approx(
+        (0.5 * lm + 2 * con + 3 * kl) / n, rel=1e-5
+    )
+    # Its LM term is the paper's minus the private tokens', its KL term the paper's.
+    paper = masked_prefix_loss(logits, base, labels, private, reduction="sum")
+    assert float(t.lm) < float(paper.lm) and float(t.kl) == pytest.approx(float(paper.kl))
+
+
+def test_on_private_tokens_the_paper_raises_and_masking_lowers_the_likelihood() -> None:
+    """The sign argument of the module docstring on one private token: d loss / d z_y < 0 (a descent step raises
+    z_y and so p_y) for the paper's objective, > 0 for the masking objective; for any p_y and q_y."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        logits, base = torch.randn(1, 2, 9, generator=g) * 3, torch.randn(1, 2, 9, generator=g) * 3
+        labels = torch.tensor([[-100, int(torch.randint(0, 9, (1,), generator=g))]])
+        private = torch.tensor([[False, True]])
+        y = int(labels[0, 1])
+        for objective, sign in (("paper", -1), ("masked", 1)):
+            z = logits.clone().requires_grad_()
+            masked_prefix_loss(z, base, labels, private, LossWeights(objective=objective)).total.backward()
+            assert sign * float(z.grad[0, 0, y]) > 0, objective
+
+
+def test_masking_objective_without_base_terms_is_lm_on_public_tokens() -> None:
+    logits, _, labels, private = _case()
+    keep = labels.clone()
+    keep[private] = -100
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, 7), keep[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+    t = masked_prefix_loss(logits, None, labels, private, LossWeights(1, 0, 0, "masked"), reduction="sum")
+    assert float(t.total) == pytest.approx(float(ce), rel=1e-6)
+
+
+def test_an_unknown_objective_is_a_clear_error() -> None:
+    logits, base, labels, private = _case()
+    with pytest.raises(ValueError, match="objective"):
+        masked_prefix_loss(logits, base, labels, private, LossWeights(objective="reverse"))  # type: ignore[arg-type]
 
 
 def test_lm_term_equals_cross_entropy_on_shifted_labels() -> None:
@@ -126,14 +177,28 @@ def _reference(logits, base, labels, private, w):
     logp = F.log_softmax(logits[:, :-1][valid], -1)
     logq = F.log_softmax(base[:, :-1][valid], -1)
     lp, lq = logp.gather(-1, y[:, None])[:, 0], logq.gather(-1, y[:, None])[:, 0]
-    lm = -lp.sum()
-    con = -((lp - torch.logaddexp(lp, lq)) * priv).sum()
+    if w.objective == "masked":
+        lm = -(lp * ~priv).sum()
+        con = -((lq - torch.logaddexp(lp, lq)) * priv).sum()
+    else:
+        lm = -lp.sum()
+        con = -((lp - torch.logaddexp(lp, lq)) * priv).sum()
     kl = ((logq.exp() * (logq - logp)).sum(-1) * ~priv).sum()
     return w.lm * lm + w.contrastive * con + w.kl * kl, lm, con, kl
 
 
 @pytest.mark.parametrize(
-    "weights", [LossWeights(), LossWeights(1, 0, 0), LossWeights(0.5, 2.0, 0.0), LossWeights(0, 0, 3)]
+    "weights",
+    [
+        LossWeights(),
+        LossWeights(1, 0, 0),
+        LossWeights(0.5, 2.0, 0.0),
+        LossWeights(0, 0, 3),
+        LossWeights(objective="masked"),
+        LossWeights(1, 0, 0, "masked"),
+        LossWeights(0.5, 2.0, 0.0, "masked"),
+        LossWeights(0, 1.5, 3, "masked"),
+    ],
 )
 @pytest.mark.parametrize("term", ["total", "lm", "contrastive", "kl"])
 def test_closed_form_gradient_matches_autograd(weights, term):

@@ -91,7 +91,9 @@ def test_plain_variant_runs_no_base_forward_and_masked_runs_one():
     masked = batch_loss(model, _batch(tok), loss_weights(TrainingConfig()))
     handle.remove()
     assert len(calls) == 2 and float(masked.contrastive.detach()) > 0 and float(masked.kl.detach()) > 0
-    assert loss_weights(TrainingConfig(weights={"lm": 1, "contrastive": 0.5, "kl": 2})) == LossWeights(1, 0.5, 2)
+    w = {"lm": 1, "contrastive": 0.5, "kl": 2}
+    assert loss_weights(TrainingConfig(weights=w)) == LossWeights(1, 0.5, 2, "masked")
+    assert loss_weights(TrainingConfig(variant="masked_paper", weights=w)) == LossWeights(1, 0.5, 2, "paper")
 
 
 def test_the_base_forward_is_the_bare_model(trained):
