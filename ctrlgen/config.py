@@ -727,6 +727,13 @@ class ExperimentConfig(_Model):
         description="similarity: MiniLM cosine with calibrated thresholds (offline, the weaker judge); llm: "
         "semantic_llm answers the 3-point scale, 3 queries per claim, majority.",
     )
+    semantic_chance_documents: int = Field(
+        32,
+        ge=0,
+        description="Held-out real notes per seed the semantic attack also runs on against every released set (notes "
+        "of patients it was not made from: test-split notes for generated sets, train-split notes for anonymised "
+        "ones): the chance level of lexical and semantic privacy. 0: no chance level.",
+    )
     semantic_llm: LLMConfig = Field(
         default_factory=lambda: LLMConfig(sampling=SamplingConfig(max_new_tokens=256, temperature=0.7, top_p=0.9)),
         description="The model of the LLM atomiser and judge (a capable instruction model is what they assume).",
