@@ -157,8 +157,28 @@ class DemoCorpusConfig(_Model):
     )
 
 
+class EngineConfig(_Model):
+    """Settings of the fast generation engine (ctrlgen.generation.engines.fast; docs/generation.md)."""
+
+    slots: int | None = Field(
+        None, ge=1, description="Rows decoded together (continuous batching). None: the caller's batch size."
+    )
+    prefill_chunk: int = Field(256, ge=16, description="Prompt tokens per prefill chunk (the prefix cache's unit).")
+    prefix_cache_tokens: int = Field(
+        16384, ge=0, description="Prompt key/value positions kept for reuse by prompts with the same prefix."
+    )
+    kv_bucket: int = Field(64, ge=8, description="Decode attention reads the cache up to a multiple of this.")
+    max_len: int | None = Field(
+        None, ge=16, description="Cache positions per slot. None: grown to what the requests need."
+    )
+    cuda_graphs: bool = Field(True, description="Capture the decode step as a CUDA graph (CUDA only).")
+    poll_every: int | None = Field(
+        None, ge=1, description="Decode steps between host reads of the tokens (None: 1 on CPU, 8 on CUDA)."
+    )
+
+
 class ModelConfig(_Model):
-    """Which causal LM to load (see ``ctrlgen.models``)."""
+    """Which causal LM to load (see ``ctrlgen.models``) and which engine generates with it."""
 
     name: str = Field(
         "smollm2-135m",
@@ -176,6 +196,13 @@ class ModelConfig(_Model):
         description="Where the model runs: auto (the first CUDA GPU when there is one, else CPU), cpu, cuda, "
         "cuda:N. Ray Train workers use the device Ray Train gives them instead.",
     )
+    engine: Literal["auto", "hf", "fast"] = Field(
+        "auto",
+        description="Generation engine: fast (continuous batching, blocking and sampling on the device), hf "
+        "(transformers' generate, the reference), auto (fast; hf with a log line for a model the fast engine "
+        "does not support).",
+    )
+    engine_options: EngineConfig = Field(default_factory=EngineConfig, description="The fast engine's settings.")
 
 
 class NlpAssetsConfig(_Model):
@@ -331,6 +358,7 @@ class SamplingConfig(_Model):
     max_new_tokens: int = Field(400, ge=1, description="New tokens per output at most.")
     temperature: float = Field(0.7, ge=0.0, description="Sampling temperature; 0 means greedy decoding.")
     top_p: float = Field(0.9, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Keep only the k most likely tokens (0: no limit).")
 
 
 class GateConfig(_Model):
