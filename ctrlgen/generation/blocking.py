@@ -17,8 +17,10 @@ Per step this is O(batch x K) lookups (K distinct prefix lengths, a handful) wha
 the number N of banned sequences, instead of comparing every row with all N
 sequences.
 
-Which sequences to ban for a value (casing and leading-space variants) is
-:func:`banned_sequences`.
+Which sequences to ban for a value is :func:`banned_sequences`: every variant of
+:func:`ctrlgen.variants.value_variants` (casing, and per category the rewritings a reader
+takes for the same value, the ones the release gate and the leakage metrics match), each
+also with a leading space.
 
 Example:
     >>> import torch
@@ -35,31 +37,24 @@ from typing import Any
 
 import torch
 
+from ctrlgen.variants import ValueLike, casing_variants, split_value, value_variants
+
 __all__ = ["RowBannedTokens", "banned_sequences", "casing_variants"]
 
 
-def casing_variants(value: str) -> list[str]:
-    """As written, lower, upper, title and capitalised (METHOD.md section 4), distinct, in that order."""
-    out: list[str] = []
-    for v in (value, value.lower(), value.upper(), value.title(), value[:1].upper() + value[1:]):
-        if v and v not in out:
-            out.append(v)
-    return out
+def banned_sequences(tokenizer: Any, values: Iterable[ValueLike], *, leading_space: bool = True) -> list[list[int]]:
+    """Token sequences to ban so that none of ``values`` is generated as such or as a variant.
 
-
-def banned_sequences(tokenizer: Any, values: Iterable[str], *, leading_space: bool = True) -> list[list[int]]:
-    """Token sequences to ban so that none of ``values`` is generated as such.
-
-    Every casing variant is tokenised as is and, for byte-level BPE tokenizers
-    where ``" Smith"`` and ``"Smith"`` are different tokens, with a leading
-    space. Sequences are distinct; empty ones are dropped.
+    ``values``: plain strings (casing variants only), :class:`~ctrlgen.variants.Value`
+    strings or ``(value, category)`` pairs (the category's rewritings too). Every variant
+    is tokenised as is and, for byte-level BPE tokenizers where ``" Smith"`` and
+    ``"Smith"`` are different tokens, with a leading space. Sequences are distinct;
+    empty ones are dropped.
     """
     seqs: dict[tuple[int, ...], None] = {}
-    for value in values:
-        value = " ".join(value.split())
-        if not value:
-            continue
-        for variant in casing_variants(value):
+    for item in values:
+        value, category = split_value(item)
+        for variant in value_variants(value, category):
             texts = [variant, " " + variant] if leading_space else [variant]
             for text in texts:
                 ids = tokenizer.encode(text, add_special_tokens=False)

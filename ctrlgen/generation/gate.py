@@ -2,7 +2,8 @@
 
 After a batch is generated, every output is checked against the private values
 of its own context (the matching of section 6: case-insensitive, word
-boundaries). Leaking outputs are regenerated with a new seed, up to
+boundaries, the value or any of its variants, :mod:`ctrlgen.variants`: the same
+variants hard blocking bans). Leaking outputs are regenerated with a new seed, up to
 ``max_retries`` times; what still leaks is withheld (``released`` False) and
 counted. Released text therefore leaks no known value, by construction: the
 check that decides release is the metric's own matcher.
@@ -21,11 +22,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ctrlgen.generation.engine import GenerationEngine, GenerationRequest, GenerationResult
 from ctrlgen.metrics.leakage import ValueIndex, leaked_values
+from ctrlgen.variants import ValueLike
 
 __all__ = ["GatedResult", "gated_generate"]
 
@@ -46,7 +48,7 @@ class GatedResult:
 def gated_generate(
     engine: GenerationEngine,
     requests: Sequence[GenerationRequest],
-    known_values: Sequence[Sequence[str] | ValueIndex],
+    known_values: Sequence[Iterable[ValueLike] | ValueIndex],
     *,
     max_retries: int = 3,
     enabled: bool | Sequence[bool] = True,
@@ -57,15 +59,18 @@ def gated_generate(
     ungated modes in one engine call). A row with the gate off is released as
     generated (its leaks are still reported). Failed generations (``result.error``)
     are never released. Retries of all gated rows go to the engine together.
+    ``known_values`` per row: strings, :class:`~ctrlgen.variants.Value` strings or
+    ``(value, category)`` pairs (their variants count too), or a :class:`ValueIndex`.
     """
     if len(requests) != len(known_values):
         raise ValueError(f"{len(requests)} requests but {len(known_values)} value lists")
     gate = [enabled] * len(requests) if isinstance(enabled, bool) else list(enabled)
     if len(gate) != len(requests):
         raise ValueError(f"{len(requests)} requests but {len(gate)} gate flags")
+    known = [vs if isinstance(vs, ValueIndex) else list(vs) for vs in known_values]
     first = engine.generate(requests)
     out = []
-    for res, values, on in zip(first, known_values, gate, strict=True):
+    for res, values, on in zip(first, known, gate, strict=True):
         leaks = leaked_values(res.text, values) if res.error is None else set()
         out.append(GatedResult(res, 1, leaks, leaks, res.error is None and (not leaks or not on)))
     for attempt in range(1, max_retries + 1):
@@ -79,6 +84,6 @@ def gated_generate(
             if res.error is not None:
                 continue
             g.result = res
-            g.leaked = leaked_values(res.text, known_values[i])
+            g.leaked = leaked_values(res.text, known[i])
             g.released = not g.leaked
     return out

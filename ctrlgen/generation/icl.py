@@ -9,8 +9,8 @@ columns of :data:`GENERATED_SCHEMA`. For every target document:
   seeded by ``(seed, doc_id)``, the same for every mode so that modes are paired;
 * ``baseline`` prompts with the real context documents only, ``icl`` with the
   real (code, document) pairs and the fictional code, ``icl_blocking`` as ``icl``
-  with every private value of the contexts hard-blocked (casing and
-  leading-space variants);
+  with every private value of the contexts hard-blocked (with its variants,
+  :mod:`ctrlgen.variants`; context values carry their control-code category);
 * ``prefix`` prompts with the fictional code alone (:func:`~ctrlgen.prompts.prefix_prompt`)
   through ``prefix_engine``, the prefix-tuned model; it has no contexts, and its
   outputs are checked against the private values of the whole fine-tuning set
@@ -36,12 +36,13 @@ import pyarrow as pa
 from ctrlgen.codes import format_control_code, parse_control_code
 from ctrlgen.config import GenerationConfig
 from ctrlgen.errors import CtrlgenError
-from ctrlgen.fictional import FictionalCodes, code_values
+from ctrlgen.fictional import FictionalCodes
 from ctrlgen.generation.blocking import banned_sequences
 from ctrlgen.generation.engine import GenerationEngine, GenerationRequest
 from ctrlgen.generation.gate import gated_generate
 from ctrlgen.metrics.leakage import ValueIndex, as_index
 from ctrlgen.prompts import baseline_prompt, icl_prompt, prefix_prompt, stop_strings, truncate_to_tokens
+from ctrlgen.variants import code_items
 
 __all__ = [
     "GENERATED_SCHEMA",
@@ -77,7 +78,11 @@ GENERATED_SCHEMA = pa.schema(
 
 @dataclass(frozen=True)
 class ContextDoc:
-    """A real document that may serve as an ICL context (text already cut to the token budget)."""
+    """A real document that may serve as an ICL context (text already cut to the token budget).
+
+    ``values`` are :class:`~ctrlgen.variants.Value` strings (they carry their category) when built by
+    :func:`build_pool`, so blocking and the gate expand them per category.
+    """
 
     doc_id: str
     code_text: str
@@ -97,7 +102,7 @@ def build_pool(rows: Sequence[dict[str, Any]], tokenizer: Any, max_context_token
     for r in rows:
         code = parse_control_code(r["control_code"] or "")
         text = truncate_to_tokens(r["text"], tokenizer, max_context_tokens)
-        pool.append(ContextDoc(r["doc_id"], format_control_code(code), text, tuple(code_values(code))))
+        pool.append(ContextDoc(r["doc_id"], format_control_code(code), text, tuple(code_items(code))))
     return pool
 
 

@@ -1,8 +1,12 @@
 """PIPP and ELP (METHOD.md section 6): how many private values reappear in generated text.
 
-A private value matches when it occurs case-insensitively on word boundaries
-(``"Smith"`` matches ``"dr. SMITH,"`` but not ``"Smithson"``); whitespace inside a
-value matches any run of whitespace.
+A private value matches when it, or one of its variants (:mod:`ctrlgen.variants`: the
+rewritings a reader takes for the same value, per category), occurs case-insensitively on
+word boundaries (``"Smith"`` matches ``"dr. SMITH,"`` but not ``"Smithson"``); whitespace
+inside a value matches any run of whitespace. A match is reported as the value it stands
+for (normalised), so ``"Smith, John"`` in a text leaks the value ``"john smith"``. Values
+are plain strings (no category: the value as written only), :class:`~ctrlgen.variants.Value`
+strings or ``(value, category)`` pairs; hard blocking bans the same variants.
 
 * ICL: each output is compared with the private values of its own context documents.
   PIPP = share of outputs leaking at least one; ELP = mean over outputs of
@@ -15,6 +19,8 @@ Example:
     {'smith'}
     >>> pipp_icl(["Smith came", "nobody"], [["Smith"], ["Jones"]])
     0.5
+    >>> leaked_values("Seen by Smith, J. on Oct 20, 2101", [("John Smith", "PERSON"), ("2101-10-20", "DATETIME")])
+    {'2101-10-20', 'john smith'}
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import functools
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from ctrlgen.variants import ValueLike, match_keys, normalize, split_value
 
 __all__ = [
     "ValueIndex",
@@ -33,20 +41,32 @@ __all__ = [
     "normalize_value",
     "pipp_finetune",
     "pipp_icl",
+    "value_keys",
     "value_matcher",
 ]
-
-_WS = re.compile(r"\s+")
 
 
 def normalize_value(value: str) -> str:
     """How values are compared: whitespace folded, case folded."""
-    return _WS.sub(" ", value).strip().casefold()
+    return normalize(value)
 
 
-def value_matcher(values: Iterable[str]) -> re.Pattern[str] | None:
-    """One compiled pattern finding any of ``values`` (case-insensitive, word boundaries)."""
-    keys = sorted({normalize_value(v) for v in values if v and v.strip()}, key=len, reverse=True)
+def value_keys(values: Iterable[ValueLike]) -> dict[str, set[str]]:
+    """Every string to look for (a variant of a value, normalised) -> the normalised values it stands for."""
+    out: dict[str, set[str]] = {}
+    for item in values:
+        value, category = split_value(item)
+        if not value or not value.strip():
+            continue
+        norm = normalize(value)
+        for key in match_keys(value, category):
+            out.setdefault(key, set()).add(norm)
+    return out
+
+
+def value_matcher(values: Iterable[ValueLike]) -> re.Pattern[str] | None:
+    """One compiled pattern finding any of ``values`` or their variants (case-insensitive, word boundaries)."""
+    keys = sorted(value_keys(values), key=len, reverse=True)
     if not keys:
         return None
     alts = "|".join(r"\s+".join(re.escape(part) for part in k.split(" ")) for k in keys)
@@ -65,48 +85,50 @@ class ValueIndex:
     An Aho-Corasick automaton (``pyahocorasick``) over the normalised values, built once:
     the cost of a search grows with the text and the matches, not with the number of
     values (a regex alternation or a loop over values is infeasible at a million values).
-    Matches are those of :func:`leaked_values` (folded case and whitespace, no word
-    character on either side). Picklable, so one index can be built on the driver and
-    shared with actors through the object store.
+    Matches are those of :func:`leaked_values` (the values' variants, folded case and
+    whitespace, no word character on either side); ``len`` and iteration are over the
+    distinct normalised values, not their variants. Picklable, so one index can be built
+    on the driver and shared with actors through the object store.
 
     Example:
         >>> sorted(ValueIndex(["Smith", "John Smith", "Dr."]).find("seen by DR. john  smith"))
         ['dr.', 'john smith', 'smith']
+        >>> ValueIndex([("John Smith", "PERSON")]).find("Smith, John was seen")
+        {'john smith'}
     """
 
-    def __init__(self, values: Iterable[str]) -> None:
+    def __init__(self, values: Iterable[ValueLike]) -> None:
         import ahocorasick
 
         self._automaton: Any = ahocorasick.Automaton()
-        n = 0
-        for v in {normalize_value(v) for v in values if v and v.strip()}:
-            self._automaton.add_word(v, v)
-            n += 1
-        self._size = n
-        if n:
+        keys = value_keys(values)
+        self._values = tuple(sorted({v for vs in keys.values() for v in vs}))
+        for key, stands_for in keys.items():
+            self._automaton.add_word(key, (len(key), tuple(sorted(stands_for))))
+        if keys:
             self._automaton.make_automaton()
 
     def __len__(self) -> int:
-        return self._size
+        return len(self._values)
 
     def __iter__(self) -> Any:
-        return iter(self._automaton.keys()) if self._size else iter(())
+        return iter(self._values)
 
     def find(self, text: str) -> set[str]:
-        """The distinct (normalised) values occurring in ``text`` on word boundaries."""
-        if not self._size or not text:
+        """The distinct (normalised) values occurring in ``text`` on word boundaries, as themselves or a variant."""
+        if not self._values or not text:
             return set()
         norm = normalize_value(text)
         last = len(norm) - 1
-        found = set()
-        for end, v in self._automaton.iter(norm):
-            start = end - len(v) + 1
+        found: set[str] = set()
+        for end, (n, stands_for) in self._automaton.iter(norm):
+            start = end - n + 1
             if (start == 0 or not _is_word(norm[start - 1])) and (end == last or not _is_word(norm[end + 1])):
-                found.add(v)
+                found.update(stands_for)
         return found
 
 
-def as_index(values: Iterable[str] | ValueIndex) -> ValueIndex:
+def as_index(values: Iterable[ValueLike] | ValueIndex) -> ValueIndex:
     """``values`` as a :class:`ValueIndex` (built once by the caller, or here)."""
     return values if isinstance(values, ValueIndex) else ValueIndex(values)
 
@@ -116,10 +138,12 @@ def _one(value: str) -> re.Pattern[str]:
     return re.compile(r"(?<!\w)" + re.escape(value) + r"(?!\w)")
 
 
-def leaked_values(text: str, values: Iterable[str] | ValueIndex, matcher: re.Pattern[str] | None = None) -> set[str]:
-    """The distinct values (normalised: folded case and whitespace) that occur in ``text``.
+def leaked_values(
+    text: str, values: Iterable[ValueLike] | ValueIndex, matcher: re.Pattern[str] | None = None
+) -> set[str]:
+    """The distinct values (normalised: folded case and whitespace) that occur in ``text``, as such or a variant.
 
-    Every value is tested on its own (a plain substring test first, then the
+    Every variant is tested on its own (a plain substring test first, then the
     word-boundary check), so overlapping values ("John Smith", "Smith") are all found.
     ``matcher`` (from :func:`value_matcher`) is an optional quick reject. A
     :class:`ValueIndex` (large value sets) is searched in one pass instead.
@@ -129,14 +153,14 @@ def leaked_values(text: str, values: Iterable[str] | ValueIndex, matcher: re.Pat
     if matcher is not None and not matcher.search(text):
         return set()
     norm_text = normalize_value(text)
-    found = set()
-    for v in {normalize_value(v) for v in values if v and v.strip()}:
-        if v in norm_text and _one(v).search(norm_text):
-            found.add(v)
+    found: set[str] = set()
+    for key, stands_for in value_keys(values).items():
+        if key in norm_text and _one(key).search(norm_text):
+            found |= stands_for
     return found
 
 
-def pipp_icl(outputs: Sequence[str], context_values: Sequence[Iterable[str]]) -> float:
+def pipp_icl(outputs: Sequence[str], context_values: Sequence[Iterable[ValueLike]]) -> float:
     """Share of outputs containing at least one private value of their own context."""
     if len(outputs) != len(context_values):
         raise ValueError(f"{len(outputs)} outputs but {len(context_values)} contexts")
@@ -145,7 +169,7 @@ def pipp_icl(outputs: Sequence[str], context_values: Sequence[Iterable[str]]) ->
     return sum(bool(leaked_values(o, vs)) for o, vs in zip(outputs, context_values, strict=True)) / len(outputs)
 
 
-def elp_icl(outputs: Sequence[str], context_values: Sequence[Iterable[str]]) -> float:
+def elp_icl(outputs: Sequence[str], context_values: Sequence[Iterable[ValueLike]]) -> float:
     """Mean over outputs of (distinct leaked context values / distinct context values)."""
     if len(outputs) != len(context_values):
         raise ValueError(f"{len(outputs)} outputs but {len(context_values)} contexts")
@@ -153,13 +177,14 @@ def elp_icl(outputs: Sequence[str], context_values: Sequence[Iterable[str]]) -> 
         return 0.0
     total = 0.0
     for o, vs in zip(outputs, context_values, strict=True):
-        distinct = {normalize_value(v) for v in vs if v and v.strip()}
+        vs = list(vs)
+        distinct = {normalize_value(split_value(v)[0]) for v in vs if split_value(v)[0].strip()}
         if distinct:
-            total += len(leaked_values(o, distinct)) / len(distinct)
+            total += len(leaked_values(o, vs)) / len(distinct)
     return total / len(outputs)
 
 
-def pipp_finetune(outputs: Sequence[str], private_values: Iterable[str] | ValueIndex) -> float:
+def pipp_finetune(outputs: Sequence[str], private_values: Iterable[ValueLike] | ValueIndex) -> float:
     """Share of outputs containing any private value of the whole fine-tuning set."""
     index = as_index(private_values)
     if not outputs or not len(index):
@@ -167,7 +192,7 @@ def pipp_finetune(outputs: Sequence[str], private_values: Iterable[str] | ValueI
     return sum(bool(index.find(o)) for o in outputs) / len(outputs)
 
 
-def elp_finetune(outputs: Sequence[str], private_values: Iterable[str] | ValueIndex) -> float:
+def elp_finetune(outputs: Sequence[str], private_values: Iterable[ValueLike] | ValueIndex) -> float:
     """Distinct private values leaked by any output / distinct private values of the set."""
     index = as_index(private_values)
     if not len(index):
