@@ -6,12 +6,15 @@ Every load loop here is bounded in count and time and targets 127.0.0.1 only.
 """
 
 import concurrent.futures as cf
+import json
 import os
 import re
 import socket
 import time
 import urllib.request
+from http.client import HTTPConnection
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,6 +27,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANTED = "Zyxwquorpl Vantablack-7731"  # appears in request bodies; must never reach a log file
+SCORE_RATE = (40, 4.0)  # /v1/score: texts per token per window (s); small so the test can exceed it
 
 
 def _free_port() -> int:
@@ -49,13 +53,16 @@ def service(tmp_path_factory, shared):
     (tmp / "extracted" / "status=ok").mkdir(parents=True)
     pq.write_table(table, tmp / "extracted" / "status=ok" / "part-0.parquet")
     (tmp / "token").write_text("t0ken-for-the-serve-tests-" + os.urandom(8).hex())
+    (tmp / "audit_token").write_text("audit-t0ken-for-the-serve-tests-" + os.urandom(8).hex())
     os.environ["RAY_AUTH_MODE"] = "disabled"
     metrics_port = _free_port()
     ray.init(
         address="local", num_cpus=6, include_dashboard=False, configure_logging=False, _metrics_export_port=metrics_port
     )
     overrides = [f"corpus.path={shared / 'physionet-deid'}", f"serve.contexts={tmp / 'extracted'}",
-                 f"serve.token_file={tmp / 'token'}"]  # fmt: skip
+                 f"serve.token_file={tmp / 'token'}", f"serve.audit_token_file={tmp / 'audit_token'}",
+                 "serve.max_texts=32", f"serve.score_rate_texts={SCORE_RATE[0]}",
+                 f"serve.score_rate_window_s={SCORE_RATE[1]}"]  # fmt: skip
     cfg = load_config(ROOT / "configs/serve_tiny.yaml", overrides)
     svc = start_service(cfg, ROOT / "configs/serve/tiny.yaml", str(ROOT / "configs/serve_tiny.yaml"), overrides,
                         port=_free_port())  # fmt: skip
@@ -66,11 +73,12 @@ def service(tmp_path_factory, shared):
     ray.shutdown()
 
 
-def call(svc, path, body=None, token=True, method=None, timeout=120):
+def call(svc, path, body=None, token="audit", method=None, timeout=120):
+    """One request with the audit-scope token (token="release": the release one; None: no token)."""
     from serve.launch import http
 
-    return http(method or ("POST" if body is not None else "GET"), svc.url + path, body,
-                svc.token if token else None, timeout)  # fmt: skip
+    given = {"audit": svc.audit_token, "release": svc.token, None: None}[token]
+    return http(method or ("POST" if body is not None else "GET"), svc.url + path, body, given, timeout)
 
 
 def concurrently(fn, args, workers=16):
@@ -79,16 +87,127 @@ def concurrently(fn, args, workers=16):
 
 
 def test_health_needs_no_token_and_every_other_route_does(service):
-    assert call(service, "/healthz", token=False) == (200, {"status": "ok"})
+    assert call(service, "/healthz", token=None) == (200, {"status": "ok"})
     for path, body in [("/v1/synthesize", {}), ("/v1/extract", {"documents": [{"text": "x"}]}),
-                       ("/v1/score", {"texts": ["x"]}), ("/v1/adapters", None)]:  # fmt: skip
-        status, ans = call(service, path, body, token=False)
+                       ("/v1/score", {"texts": ["x"]}), ("/v1/adapters", None), ("/v1/completions", {"prompt": "x"}),
+                       ("/openapi.json", None), ("/docs", None)]:  # fmt: skip
+        status, ans = call(service, path, body, token=None)
         assert status == 401 and "bearer token" in ans["error"], path
     from serve.launch import http
 
     assert http("GET", service.url + "/v1/adapters", token="wrong-" + service.token)[0] == 401
-    with urllib.request.urlopen(service.url + "/openapi.json", timeout=30) as r:
-        assert "/v1/synthesize" in r.read().decode()
+    assert http("GET", service.url + "/openapi.json", token=service.token[:-1])[0] == 401
+    for token in (service.token, service.audit_token):  # the docs: any scope
+        req = urllib.request.Request(service.url + "/openapi.json", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert "/v1/synthesize" in r.read().decode()
+
+
+def test_release_scope_synthesizes_in_gated_modes_only_and_never_sees_document_ids(service):
+    for body in ({"mode": "baseline"}, {"mode": "icl", "seed": 1}):
+        status, ans = call(service, "/v1/synthesize", body, token="release")
+        assert status == 403 and f"mode {body['mode']} is not gated" in ans["error"] and "audit" in ans["error"], ans
+    status, ans = call(service, "/v1/synthesize", {"mode": "prefix"}, token="release")  # not gated on this server
+    assert status == 403 and "mode prefix is not gated on this server" in ans["error"]
+    for path, body in [("/v1/score", {"texts": ["x"]}), ("/v1/extract", {"documents": [{"text": "x"}]}),
+                       ("/v1/completions", {"prompt": "x", "max_tokens": 2})]:  # fmt: skip
+        status, ans = call(service, path, body, token="release")
+        assert status == 403 and "needs an audit-scope token" in ans["error"], path
+    assert call(service, "/v1/adapters", token="release") == (200, {"adapters": []})
+    body = {"seed": 11, "n": 3, "max_new_tokens": 8}  # no mode: the server's default, icl_blocking
+    status, rel = call(service, "/v1/synthesize", body, token="release")
+    assert status == 200 and rel["mode"] == "icl_blocking" and rel["gate"] is True
+    status, aud = call(service, "/v1/synthesize", body)
+    assert status == 200 and all(o["context_ids"] for o in aud["outputs"]) and "regenerated" in aud
+    assert "regenerated" not in rel
+    for r, a in zip(rel["outputs"], aud["outputs"], strict=True):
+        assert not {"context_ids", "template_id", "attempts"} & set(r), r
+        assert (r["text"], r["fictional_code"], r["released"]) == (a["text"], a["fictional_code"], a["released"])
+        if not r["released"]:
+            assert r["withheld_reason"] == "withheld by the release gate"
+    # Neither the context ids nor the template id appear anywhere in the release answer's JSON.
+    rel_json = json.dumps(rel)
+    ids = {c for o in aud["outputs"] for c in o["context_ids"]} | {o["template_id"] for o in aud["outputs"]} - {None}
+    assert not [i for i in ids if f'"{i}"' in rel_json]
+
+
+def test_score_names_reference_documents_only_when_asked(service):
+    text = "Patient stable overnight, plan to continue heparin."
+    status, plain = call(service, "/v1/score", {"texts": [text]})
+    assert status == 200 and list(plain["texts"][0]) == ["leaked_values"]
+    status, full = call(service, "/v1/score", {"texts": [text], "closest_reference": True})
+    assert status == 200 and {"rouge2", "rouge2_doc", "rougeL", "rougeL_doc"} <= set(full["texts"][0])
+    assert full["texts"][0]["rougeL"] > 0 and full["texts"][0]["rougeL_doc"] is not None
+
+
+def _score_with_headers(svc, n_texts):
+    req = urllib.request.Request(svc.url + "/v1/score", json.dumps({"texts": ["heparin drip"] * n_texts}).encode(),
+                                 headers={"Authorization": f"Bearer {svc.audit_token}",
+                                          "Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read()), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), e.headers
+
+
+def test_score_is_rate_limited_per_token_with_retry_after(service):
+    capacity, window = SCORE_RATE
+    time.sleep(window)  # a full bucket whatever the earlier tests sent
+    t0, accepted, limited = time.monotonic(), 0, None
+    for _ in range(16):
+        status, ans, headers = _score_with_headers(service, 16)
+        if status == 429:
+            limited = (ans, headers)
+            break
+        assert status == 200, ans
+        accepted += 16
+    assert limited is not None, f"{accepted} texts accepted, no 429"
+    ans, headers = limited
+    # At most a full bucket per ingress replica, plus what refilled meanwhile.
+    bound = _replicas("Api") * capacity + (time.monotonic() - t0) * capacity / window
+    assert accepted <= bound, (accepted, bound)
+    assert ans["retryable"] is True and "rate limit" in ans["error"]
+    wait = int(headers["Retry-After"])
+    assert 1 <= wait <= window and wait == ans["retry_after_s"]
+    time.sleep(wait)
+    assert _score_with_headers(service, 16)[0] == 200
+    time.sleep(window)  # leave a full bucket to the later tests
+
+
+def test_body_limit_holds_for_chunked_bodies(service):
+    """No Content-Length: the ingress reads the chunks as they come and answers 413 once past the limit,
+    without waiting for a body that never ends (a server reading it whole first would hang here)."""
+    limit = load_config(ROOT / "configs/serve_tiny.yaml").serve.max_body_bytes
+    parts = urlsplit(service.url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=60) as sock:
+        sock.sendall(f"POST /v1/score HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer "
+                     f"{service.audit_token}\r\nContent-Type: application/json\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n".encode())  # fmt: skip
+        chunk = b"x" * 65536
+        try:
+            for _ in range(limit // len(chunk) + 2):
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except OSError:
+            pass  # the server may close once it has answered
+        # No terminating chunk is sent: the body never ends.
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            got = sock.recv(65536)
+            if not got:
+                break
+            answer += got
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    # A chunked body under the limit reaches the route whole.
+    conn = HTTPConnection(parts.hostname, parts.port, timeout=60)
+    body = iter([b'{"texts": ["Patient stable', b' overnight."], ', b'"closest_reference": true}'])
+    conn.request("POST", "/v1/score", body=body, encode_chunked=True,
+                 headers={"Authorization": f"Bearer {service.audit_token}", "Content-Type": "application/json",
+                          "Transfer-Encoding": "chunked"})  # fmt: skip
+    r = conn.getresponse()
+    ans = json.loads(r.read())
+    conn.close()
+    assert r.status == 200 and len(ans["texts"]) == 1 and "rouge2" in ans["texts"][0], ans
 
 
 def test_malformed_and_oversized_requests_get_clear_json_errors(service):
@@ -179,7 +298,7 @@ def test_openai_completions_route_drives_the_llm_anonymiser(service, monkeypatch
     assert 0 < ans["usage"]["completion_tokens"] <= 12 and ans["usage"]["prompt_tokens"] > 0
     assert call(service, "/v1/completions", {"prompt": "x", "stream": True})[0] == 422
     assert call(service, "/v1/completions", {"prompt": "x", "stop": list("abcde")})[0] == 422
-    monkeypatch.setenv("CTRLGEN_TEST_KEY", service.token)
+    monkeypatch.setenv("CTRLGEN_TEST_KEY", service.audit_token)
     engine = OpenAICompletionsEngine(service.url + "/v1", sampling=SamplingConfig(max_new_tokens=6),
                                      api_key_env="CTRLGEN_TEST_KEY", timeout_s=60)  # fmt: skip
     a, b = engine.generate([GenerationRequest("Vital signs", seed=3), GenerationRequest("Vital signs", seed=3)])
@@ -203,7 +322,7 @@ def test_sharded_scores_equal_the_whole_corpus_metrics(service):
 
     refs = list(iter_references(service.extracted))
     texts = [refs[3][1][:300], "Patient stable overnight, plan to continue heparin.", refs[10][1][:80] + " and more"]
-    status, ans = call(service, "/v1/score", {"texts": texts})
+    status, ans = call(service, "/v1/score", {"texts": texts, "closest_reference": True})
     assert status == 200 and ans["reference"]["shards"] == 2 and ans["reference"]["documents"] == len(refs)
     index = RougeIndex([r[1] for r in refs])
     for text, got in zip(texts, ans["texts"], strict=True):

@@ -1,0 +1,96 @@
+"""The pure parts of the service's scoped tokens: which token has which scope, what a release token may
+synthesize, the /v1/score rate limiter, and where the tokens come from (the HTTP side: test_serve.py)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ctrlgen.config import load_config
+from ctrlgen.errors import ConfigError, CtrlgenError
+from serve.api import RateLimiter, read_tokens, release_mode_error, scope_of
+from serve.launch import ensure_tokens
+
+TOKENS = {"release": "r" * 32, "audit": "a" * 32}
+
+
+def test_scope_of_names_the_matching_token_and_nothing_else():
+    assert scope_of("Bearer " + "r" * 32, TOKENS) == "release"
+    assert scope_of("bearer " + "a" * 32 + " ", TOKENS) == "audit"
+    for header in ("", "Bearer", "Bearer ", "Basic " + "a" * 32, "Bearer " + "a" * 31, "Bearer " + "a" * 33):
+        assert scope_of(header, TOKENS) is None, header
+    assert scope_of("Bearer ", {"release": "r" * 32, "audit": ""}) is None  # an empty token never matches
+
+
+@pytest.mark.parametrize("mode", ["baseline", "icl"])
+def test_release_scope_never_gets_an_ungated_mode(mode):
+    why = release_mode_error(mode, {"baseline", "icl", "icl_blocking", "prefix"})  # even if the server gated them
+    assert why and f"mode {mode}" in why and "audit" in why
+
+
+def test_release_scope_gets_a_gated_mode_only_when_the_server_gates_it():
+    assert release_mode_error("icl_blocking", {"icl_blocking"}) is None
+    assert release_mode_error("prefix", {"icl_blocking", "prefix"}) is None
+    why = release_mode_error("prefix", {"icl_blocking"})
+    assert why and "not gated on this server" in why
+    assert release_mode_error("icl_blocking", set()) is not None  # gate disabled
+
+
+def test_rate_limiter_is_a_token_bucket_per_key():
+    lim = RateLimiter(10, 10.0)  # 10 units, 1 per second
+    assert lim.take("a", 6, now=0.0) == 0.0
+    assert lim.take("a", 6, now=0.0) == pytest.approx(2.0)  # 4 left: 2 s until 6
+    assert lim.take("b", 10, now=0.0) == 0.0  # another token has its own bucket
+    assert lim.take("a", 6, now=2.0) == 0.0  # refilled to 6
+    assert lim.take("a", 1, now=2.5) == pytest.approx(0.5)  # empty at 2.0: half a unit by 2.5
+    assert lim.take("a", 1, now=3.0) == 0.0
+    assert lim.take("a", 10, now=1000.0) == 0.0  # never more than the capacity
+    assert lim.take("a", 1, now=1000.0) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="capacity"):
+        lim.take("a", 11, now=2000.0)
+
+
+def test_a_score_request_of_max_texts_must_fit_the_rate():
+    with pytest.raises(ConfigError, match="score_rate_texts"):
+        load_config(None, ["serve.max_texts=64", "serve.score_rate_texts=32"])
+
+
+def _cfg(**serve):
+    return load_config(None, [f"serve.{k}={v}" for k, v in serve.items()])
+
+
+def test_replica_reads_one_token_per_scope_and_audit_may_be_absent(tmp_path, monkeypatch):
+    (tmp_path / "r").write_text("release-token-0123456789\n")
+    (tmp_path / "a").write_text("audit-token-0123456789\n")
+    cfg = _cfg(token_file=tmp_path / "r", audit_token_file=tmp_path / "a")
+    assert read_tokens(cfg) == {"release": "release-token-0123456789", "audit": "audit-token-0123456789"}
+    monkeypatch.setenv("X_RELEASE", "release-from-env-0123")
+    monkeypatch.delenv("X_AUDIT", raising=False)
+    assert read_tokens(_cfg(token_env="X_RELEASE", audit_token_env="X_AUDIT")) == {"release": "release-from-env-0123"}
+    monkeypatch.setenv("X_AUDIT", "release-from-env-0123")
+    with pytest.raises(RuntimeError, match="same"):
+        read_tokens(_cfg(token_env="X_RELEASE", audit_token_env="X_AUDIT"))
+    monkeypatch.setenv("X_AUDIT", "short")
+    with pytest.raises(RuntimeError, match="audit bearer token of at least 16"):
+        read_tokens(_cfg(token_env="X_RELEASE", audit_token_env="X_AUDIT"))
+    monkeypatch.delenv("X_RELEASE")
+    with pytest.raises(RuntimeError, match="release bearer token"):
+        read_tokens(_cfg(token_env="X_RELEASE", audit_token_env="X_AUDIT"))
+
+
+def test_serve_writes_two_distinct_private_tokens_and_reuses_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("CTRLGEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("CTRLGEN_SERVE_TOKEN", raising=False)
+    monkeypatch.delenv("CTRLGEN_SERVE_AUDIT_TOKEN", raising=False)
+    cfg = load_config(None, [])
+    first = ensure_tokens(cfg)
+    assert set(first) == {"release", "audit"} and first["release"][0] != first["audit"][0]
+    for token, file in first.values():
+        assert len(token) >= 32 and (tmp_path / "cache").resolve() in Path(file).parents
+        assert os.stat(file).st_mode & 0o777 == 0o600
+    assert ensure_tokens(cfg) == first  # reused next time
+    monkeypatch.setenv("CTRLGEN_SERVE_AUDIT_TOKEN", "audit-from-the-environment-01")
+    again = ensure_tokens(cfg)
+    assert again["audit"][0] == "audit-from-the-environment-01" and again["release"] == first["release"]
+    with pytest.raises(CtrlgenError, match="audit_token_file"):
+        ensure_tokens(load_config(None, [f"serve.audit_token_file={tmp_path / 'missing'}"]))
