@@ -68,16 +68,20 @@ def read_generated(path: str | Path) -> list[dict[str, Any]]:
 
 
 def finetune_values(path: str | Path) -> list[str]:
-    """The distinct private values of a fine-tuning set (the ``control_code`` column of its Parquet)."""
+    """The distinct private values of a fine-tuning set (the ``control_code`` column of its Parquet).
+
+    They are :class:`~ctrlgen.variants.Value` strings: they carry their category, so an index of them
+    matches their variants.
+    """
     from ctrlgen import storage
     from ctrlgen.codes import parse_control_code
-    from ctrlgen.fictional import code_values
+    from ctrlgen.variants import code_items
 
     files = storage.parquet_files(str(path), within="status=ok")
     if not files:
         raise CtrlgenError(f"{path} holds no training examples (the prefix mode needs `ctrlgen train`'s train_data)")
     codes = storage.dataset(files).to_table(columns=["control_code"]).column("control_code")
-    return sorted({v for c in codes.to_pylist() for v in code_values(parse_control_code(c or ""))})
+    return sorted({v for c in codes.to_pylist() for v in code_items(parse_control_code(c or ""))})
 
 
 def _norm(vs: Iterable[str]) -> set[str]:
@@ -118,8 +122,8 @@ def leakage_terms(rows: Iterable[dict[str, Any]], finetune: ValueIndex | None = 
             else:
                 ctx = _norm(r["context_values"])
                 t["elp_first"] = len(_norm(r["leaked_first"])) / len(ctx) if ctx else 0.0
-                if released:
-                    found = leaked_values(r["text"], ctx)
+                if released:  # recounted; the gate's own find (variants of the categorised values) counts too
+                    found = leaked_values(r["text"], ctx) | (_norm(r.get("leaked") or []) & ctx)
                     t["leak_released"] = int(bool(found))
                     t["elp_released"] = len(found) / len(ctx) if ctx else 0.0
         out.append(t)

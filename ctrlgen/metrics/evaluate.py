@@ -30,8 +30,9 @@ import pyarrow as pa
 from ctrlgen.errors import CtrlgenError
 from ctrlgen.generation.report import FINETUNE_MODES
 from ctrlgen.metrics.context import KS, context_windows, leaks_by_k, merge_windows
-from ctrlgen.metrics.leakage import ValueIndex, leaked_values, normalize_value
+from ctrlgen.metrics.leakage import ValueIndex, normalize_value
 from ctrlgen.metrics.rouge import RougeIndex
+from ctrlgen.variants import Value
 
 __all__ = [
     "LONG_VALUE",
@@ -85,12 +86,14 @@ PARTIAL_SCHEMA = pa.schema(
 
 
 #: A reference set: its ROUGE index, entity windows and normalised private values.
-_Refs = tuple[RougeIndex, dict[int, set[tuple[str, ...]]], list[str]]
+#: The index finds the values' variants (their categories ride on the :class:`~ctrlgen.variants.Value` strings).
+_Refs = tuple[RougeIndex, dict[int, set[tuple[str, ...]]], list[str], ValueIndex]
 
 
 @dataclass(frozen=True)
 class RealDoc:
-    """A real document: text, gold private values and their spans."""
+    """A real document: text, gold private values (:class:`~ctrlgen.variants.Value` strings from
+    :meth:`from_row`: they carry their category, so the metrics match their variants) and their spans."""
 
     doc_id: str
     text: str
@@ -101,7 +104,8 @@ class RealDoc:
     def from_row(row: Mapping[str, Any]) -> RealDoc:
         """From an extraction row (``doc_id``, ``text``, ``entities``)."""
         ents = row.get("entities") or []
-        vals = tuple(sorted({e["text"] for e in ents if e["text"].strip()}))
+        typed = {(e["text"], e.get("category")): Value(e["text"], e.get("category")) for e in ents if e["text"].strip()}
+        vals = tuple(sorted(typed.values()))
         return RealDoc(str(row["doc_id"]), row["text"], vals, tuple((int(e["start"]), int(e["end"])) for e in ents))
 
 
@@ -117,7 +121,7 @@ class Evaluator:
         self.ft_values = sorted({normalize_value(v) for d in self.ft_docs for v in d.values if v.strip()})
         self._ft_index: RougeIndex | None = None
         self._ft_windows: dict[int, set[tuple[str, ...]]] | None = None
-        self._ft_values = ValueIndex(self.ft_values)
+        self._ft_values = ValueIndex([v for d in self.ft_docs for v in d.values if v.strip()])
         self._windows: dict[str, dict[int, set[tuple[str, ...]]]] = {}
         self._contexts: dict[tuple[str, ...], _Refs] = {}  # the modes of one target share its contexts
 
@@ -145,6 +149,7 @@ class Evaluator:
                 RougeIndex([d.text for d in ctx]),
                 merge_windows(self._doc_windows(d) for d in ctx),
                 sorted({normalize_value(v) for d in ctx for v in d.values if v.strip()}),
+                ValueIndex([v for d in ctx for v in d.values if v.strip()]),
             )
         return self._contexts[key]
 
@@ -173,8 +178,8 @@ class Evaluator:
             held = ctx if require_all else [c for c in ctx if c in self.real]
             if not held:
                 return rec
-            index, windows, values = self._context_refs(rec["doc_id"], held)
-            leaked, found = leaked_values(text, values), len(held)
+            index, windows, values, matcher = self._context_refs(rec["doc_id"], held)
+            leaked, found = matcher.find(text), len(held)
         best = index.best(text)
         by_k = leaks_by_k(text, windows) if windows else {}
         return {**rec, "found": found, "leaked": sorted(leaked), "values": values, "rouge2": best.rouge2,
