@@ -256,7 +256,7 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
 
 
 def _route_name(path: str) -> str:
-    known = {"/v1/synthesize", "/v1/extract", "/v1/score", "/v1/adapters", "/healthz", *_DOCS}
+    known = {"/v1/synthesize", "/v1/extract", "/v1/score", "/v1/completions", "/v1/adapters", "/healthz", *_DOCS}
     return path if path in known else "other"  # a fixed set: metric tags never carry what a client typed
 
 

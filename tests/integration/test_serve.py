@@ -112,7 +112,7 @@ def test_release_scope_synthesizes_in_gated_modes_only_and_never_sees_document_i
     for path, body in [("/v1/score", {"texts": ["x"]}), ("/v1/extract", {"documents": [{"text": "x"}]}),
                        ("/v1/completions", {"prompt": "x", "max_tokens": 2})]:  # fmt: skip
         status, ans = call(service, path, body, token="release")
-        assert status == 403 and "needs an audit-scope token" in ans["error"], path
+        assert status == 403 and f"{path} needs an audit-scope token" in ans["error"], path
     assert call(service, "/v1/adapters", token="release") == (200, {"adapters": []})
     body = {"seed": 11, "n": 3, "max_new_tokens": 8}  # no mode: the server's default, icl_blocking
     status, rel = call(service, "/v1/synthesize", body, token="release")
