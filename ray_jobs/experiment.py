@@ -2,7 +2,8 @@
 
 {baseline, ICL, ICL + blocking, prefix tuning, prefix tuning + masking (the masking loss,
 or the paper's as written), DP-SGD prefix tuning at epsilon 8 and 4, the real test notes
-anonymised by redaction, by fictional surrogates and by the LLM anonymiser} x {known, unknown entities} x seeds, read straight down:
+anonymised by redaction, by fictional surrogates and by the LLM anonymiser} x {known,
+unknown entities} x seeds, read straight down:
 
 1. **extract** the corpus in each setting (the extraction job; the known setting
    always runs: its gold entities are what leakage is measured against);
@@ -400,7 +401,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     # 4. Prefix tuning (+ canary exposure).
     adapters: dict[tuple[str, str, int], Path] = {}
     exposures: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-    epsilons: dict[tuple[str, str, int], float] = {}
+    privacy: dict[tuple[str, str, int], dict[str, Any]] = {}  # DP runs: privacy.json
     train_seeds = x.seeds if x.train_per_seed else x.seeds[:1]
     for setting in settings:
         for method in prefix_methods:
@@ -417,7 +418,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                 _log(summary.text())
                 adapters[(setting, method, seed)] = run_dir
                 if summary.privacy:
-                    epsilons[(setting, method, seed)] = float(summary.privacy["epsilon"])
+                    privacy[(setting, method, seed)] = summary.privacy
                 if canaries:
                     exposures[(setting, method, seed)] = _exposures(cfg, str(run_dir / "adapter"), canaries,
                                                                     planted[setting])  # fmt: skip
@@ -500,8 +501,11 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                             "cls_f1": util.classify(texts, [_categories(r["fictional_code"]) for r in ok]),
                             "per_output": dict(per_output.get(mode, {}))}  # fmt: skip
                     pending.append((cell, attacked, texts, made_from))
-                    if (setting, method, train_seed) in epsilons:
-                        cell["epsilon"] = epsilons[(setting, method, train_seed)]
+                    if (setting, method, train_seed) in privacy:  # epsilon, per what unit, whether private at all
+                        run_dp = privacy[(setting, method, train_seed)]
+                        cell |= {"epsilon": float(run_dp["epsilon"]), "dp_unit": run_dp["unit"]}
+                        if "not_private" in run_dp:
+                            cell["not_private"] = run_dp["not_private"]
                     if ft and canaries:
                         ex = exposures[(setting, method, train_seed)]
                         cell["exposure"] = sum(e["exposure"] for e in ex) / len(ex)

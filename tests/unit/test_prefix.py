@@ -96,6 +96,48 @@ def test_plain_variant_runs_no_base_forward_and_masked_runs_one():
     assert loss_weights(TrainingConfig(variant="masked_paper", weights=w)) == LossWeights(1, 0.5, 2, "paper")
 
 
+#: Canary-like notes (METHOD.md section 7's canaries): the private digits occur nowhere else in the batch.
+CANARY_DOCS = [
+    ("PERSON: Alice Jones", "Medical record number 482913. Alice Jones was seen in clinic today for follow up.",
+     [(22, 28), (30, 41)]),
+    ("LOC: Boston", "Medical record number 730561. Patient transferred from Boston with chest pain.",
+     [(22, 28), (55, 61)]),
+]  # fmt: skip
+
+
+def _private_logprob(model, batch) -> float:
+    """Sum of log P_theta over the batch's private output tokens."""
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    target = batch["labels"][:, 1:]
+    logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, target.clamp(min=0)[..., None])[..., 0]
+    return float(logp[batch["private"][:, 1:].bool() & (target != -100)].sum())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_one_step_lowers_private_tokens_under_masked_and_raises_them_under_masked_paper(seed):
+    """One AdamW step of each variant from the same prefix on the same batch. On a random model the public
+    tokens' LM and KL gradients reach the private tokens through the shared prefix too (they outweighed the
+    private term on 1 of 8 seeds tried); the order masked < plain < masked_paper held on all 8."""
+    _, tok = tiny_llama()
+    exs = [encode_example(c, t, s, tok, 64) for c, t, s in CANARY_DOCS]
+    batch = collate([e.input_ids for e in exs], [e.labels for e in exs], [e.private for e in exs], tok.pad_token_id)
+    assert int(batch["private"].sum()) >= 10
+    change = {}
+    for variant in ("plain", "masked_paper", "masked"):
+        torch.manual_seed(seed)
+        model = prefix_model(tiny_llama(seed=seed)[0], num_virtual_tokens=8)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.01)
+        before = _private_logprob(model, batch)
+        terms = batch_loss(model, batch, loss_weights(TrainingConfig(variant=variant)))
+        opt.zero_grad()
+        terms.total.backward()
+        opt.step()
+        change[variant] = _private_logprob(model, batch) - before
+    assert change["masked"] < 0 < change["masked_paper"], change
+    assert change["masked"] < change["plain"] < change["masked_paper"], change
+
+
 def test_the_base_forward_is_the_bare_model(trained):
     """P_base comes from the same model with the prefix disabled: exactly the base model's logits."""
     model, tok, _ = trained
