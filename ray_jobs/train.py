@@ -49,7 +49,7 @@ __all__ = [
     "train_loop_per_worker",
 ]
 
-_COLUMNS = ["doc_id", "text", "entities", "control_code"]
+_COLUMNS = ["doc_id", "text", "metadata", "entities", "control_code"]  # metadata: the patient id
 _TRAIN_COLUMNS = ("input_ids", "labels", "private")
 _TOKENIZE_BLOCK = 256  # documents per tokeniser call
 _STATE = "train_state.json"
@@ -290,28 +290,32 @@ def _save_dp(params: list[Any], optimizer: Any, state: dict[str, Any], history: 
 def dp_train_loop_per_worker(config: dict[str, Any]) -> None:
     """What each Ray Train worker runs in the ``dp`` variant (ctrlgen.training.dp): DP-SGD with Opacus.
 
-    Worker ``w`` holds its contiguous share of the examples in memory and draws, every step, a
-    Poisson sample of it at the run's rate ``q``; the draw is split into micro-batches of
-    ``training.batch_size`` whose clipped per-example gradients accumulate; the last one adds
-    the noise (rank 0 only) and all-reduces. Torch DDP's process group from Ray Train, no DeepSpeed.
+    Worker ``w`` holds the notes of its contiguous share of the privacy units (patients, or single
+    notes) in memory and draws, every step, a Poisson sample of its units at the run's rate ``q``
+    from the OS's secure random source; the drawn units' notes go through micro-batches of
+    ``training.batch_size``, their per-note gradients are summed per unit, each unit's sum is clipped
+    to C, and rank 0 adds the noise before the all-reduce. Torch DDP's process group from Ray Train,
+    no DeepSpeed.
     """
     import warnings
-    import zlib
 
     import ray.train
     import torch
     import torch.distributed as dist
 
-    from ctrlgen.training.data import IngestCount, collate, rank_batches
+    from ctrlgen.training.data import IngestCount, collate, read_rows
     from ctrlgen.training.dp import (
         DPPlan,
+        UnitGradients,
+        choose_notes,
         clip_factor_norms,
-        empty_grad_samples,
+        dp_randomness,
         epsilon_spent,
         make_private,
         observed_noise_std,
         per_example_lm_loss,
         poisson_sample,
+        unit_members,
         worker_share,
     )
     from ray_jobs.metrics import record_train
@@ -322,8 +326,9 @@ def dp_train_loop_per_worker(config: dict[str, Any]) -> None:
     w = _worker(config)
     t, rank, world, device, say = w.cfg.training, w.rank, w.world, w.device, w.say
     model, tok, params, optimizer = w.model, w.tok, w.params, w.optimizer
-    noise_gen = torch.Generator(device=device)
-    gsm, dp_opt = make_private(model, optimizer, plan, distributed=world > 1, generator=noise_gen)
+    # OS entropy; the config seed only with training.dp.reproducible_noise (a run stamped not private).
+    randomness = dp_randomness(plan.reproducible_noise, t.seed)
+    gsm, dp_opt = make_private(model, optimizer, plan, distributed=world > 1, randomness=randomness)
     clipped_sums: list[torch.Tensor] = []
     if t.dp.audit_noise:  # keep this worker's clipped sums before the noise goes on (see observed_noise_std)
         add_noise = dp_opt.add_noise
@@ -348,47 +353,54 @@ def dp_train_loop_per_worker(config: dict[str, Any]) -> None:
             history = _read_jsonl(Path(d, _HISTORY))
         if saved_state.get("plan") != plan_json:
             raise CtrlgenError(
-                f"run {t.run_name} was started with another DP-SGD plan (examples, workers, sampling rate, sigma or "
-                "steps): resuming it would break its accounting; set training.resume=false or another run_name"
+                f"run {t.run_name} was started with another DP-SGD plan (units, workers, sampling rate, sigma, "
+                "steps or randomness): resuming it would break its accounting; set training.resume=false or another "
+                "run_name"
             )
         say(f"resumed from the checkpoint at step {step}")
-    lo, hi = worker_share(plan.examples, world, rank)
+    lo, hi = worker_share(plan.units, world, rank)
+    members = unit_members(config["dp_units"], lo, hi)  # this worker's units: the example rows of each
+    mine = sorted(r for m in members for r in m)
     ingest = IngestCount()
     layout = [(f, list(groups)) for f, groups in config["layout"]]
-    rows = next(rank_batches(layout, lo, hi, hi - lo, _TRAIN_COLUMNS, ingest))
+    rows = read_rows(layout, mine, _TRAIN_COLUMNS, ingest)
+    local = {r: i for i, r in enumerate(mine)}
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     say(
-        f"DP-SGD: {plan.steps} steps, q {plan.sample_rate:.4g} (expected {plan.logical_batch:g} examples per step, "
+        f"DP-SGD per {plan.unit}: {plan.units} {plan.unit}s ({plan.examples} notes), {plan.steps} steps, q "
+        f"{plan.sample_rate:.4g} (expected {plan.logical_batch:g} {plan.unit}s per step, "
         f"{', '.join(f'{b:.1f}' for b in plan.per_worker_batch)} per worker), sigma {plan.noise_multiplier:.4g}, "
-        f"C {plan.max_grad_norm:g}, micro-batches of {t.batch_size}"
+        f"C {plan.max_grad_norm:g}, micro-batches of {t.batch_size} notes"
+        + ("; NOT PRIVATE: reproducible noise from training.seed" if plan.reproducible_noise else "")
     )
+    cap = t.dp.max_notes_per_patient if plan.unit == "patient" else None
     start = step
     while step < plan.steps:
         t0 = time.perf_counter()
-        drawn = poisson_sample(hi - lo, plan.sample_rate, t.seed, step, rank)
-        noise_gen.manual_seed(zlib.crc32(f"dp-noise\x1f{t.seed}\x1f{step}".encode()))  # used on rank 0 only
-        chunks = [drawn[i : i + t.batch_size] for i in range(0, len(drawn), t.batch_size)] or [[]]
-        loss_sum = tokens = n_in = clipped = 0.0
-        for j, chunk in enumerate(chunks):
-            if chunk:
-                batch = {k: v.to(device, non_blocking=True) for k, v in collate(
-                    [rows["input_ids"][i] for i in chunk], [rows["labels"][i] for i in chunk],
-                    [rows["private"][i] for i in chunk], pad).items()}  # fmt: skip
-                logits = gsm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                per_example = per_example_lm_loss(logits, batch["labels"])
-                per_example.mean().backward()
-                loss_sum += float(per_example.detach().sum())
-                tokens += float((batch["labels"][:, 1:] != -100).sum())
-                n_in += float(batch["attention_mask"].sum())
-                clipped += float((clip_factor_norms(dp_opt) > plan.max_grad_norm).sum())
-            else:
-                empty_grad_samples(dp_opt)
-            last = j == len(chunks) - 1
-            dp_opt.signal_skip_step(do_skip=not last)
-            dp_opt.step()  # clip + accumulate; on the last micro-batch also noise, all-reduce, AdamW
-            if not last:
-                dp_opt.zero_grad()
-        sums = torch.tensor([len(drawn), loss_sum, tokens, n_in, clipped], dtype=torch.float64, device=device)
+        randomness.start_step(step)
+        drawn = poisson_sample(hi - lo, plan.sample_rate, randomness, rank)  # this worker's unit indices
+        # (unit slot, local row) of every note of the drawn units
+        picked = [(slot, local[r]) for slot, u in enumerate(drawn)
+                  for r in choose_notes(members[u], cap, randomness, f"notes{rank}/{u}")]  # fmt: skip
+        units = UnitGradients(dp_opt, len(drawn))
+        loss_sum = tokens = n_in = 0.0
+        for j in range(0, len(picked), t.batch_size):
+            chunk = picked[j : j + t.batch_size]
+            batch = {k: v.to(device, non_blocking=True) for k, v in collate(
+                [rows["input_ids"][i] for _, i in chunk], [rows["labels"][i] for _, i in chunk],
+                [rows["private"][i] for _, i in chunk], pad).items()}  # fmt: skip
+            logits = gsm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            per_example = per_example_lm_loss(logits, batch["labels"])
+            per_example.mean().backward()
+            units.add([slot for slot, _ in chunk])  # every note's gradient into its unit's sum
+            loss_sum += float(per_example.detach().sum())
+            tokens += float((batch["labels"][:, 1:] != -100).sum())
+            n_in += float(batch["attention_mask"].sum())
+        units.load()
+        clipped = float((clip_factor_norms(dp_opt) > plan.max_grad_norm).sum())
+        dp_opt.step()  # clip each unit's sum to C, add the noise (rank 0), all-reduce, AdamW
+        sums = torch.tensor([len(picked), loss_sum, tokens, n_in, clipped, len(drawn)], dtype=torch.float64,
+                            device=device)  # fmt: skip
         dist.all_reduce(sums)
         noise_std = None
         if t.dp.audit_noise:
@@ -403,11 +415,11 @@ def dp_train_loop_per_worker(config: dict[str, Any]) -> None:
         sums = sums.cpu()
         seconds = time.perf_counter() - t0
         step += 1
-        drawn_total = int(sums[0])
+        drawn_total, units_total = int(sums[0]), int(sums[5])
         loss = float(sums[1]) / max(drawn_total, 1)
         rec = {
             "step": step, "epoch": step * plan.sample_rate, "loss": loss, "lm": loss, "contrastive": 0.0, "kl": 0.0,
-            "examples": drawn_total, "clipped_share": float(sums[4]) / max(drawn_total, 1),
+            "examples": drawn_total, "units": units_total, "clipped_share": float(sums[4]) / max(units_total, 1),
             "output_tokens": int(sums[2]), "private_tokens": 0, "input_tokens": int(sums[3]),
             "noise_std": noise_std, "expected_noise_std": plan.noise_std,
             "step_seconds": seconds, "tokens_per_s": float(sums[3]) / seconds,
@@ -419,7 +431,7 @@ def dp_train_loop_per_worker(config: dict[str, Any]) -> None:
             eps = epsilon_spent(plan.noise_multiplier, plan.sample_rate, step, plan.delta, plan.accountant)
             audit = f", noise std {noise_std:.4g} (sigma C {plan.noise_std:.4g})" if noise_std is not None else ""
             say(
-                f"step {step}/{plan.steps}: loss {loss:.4f}, {drawn_total} examples, "
+                f"step {step}/{plan.steps}: loss {loss:.4f}, {units_total} {plan.unit}s ({drawn_total} notes), "
                 f"{rec['clipped_share']:.0%} clipped{audit}, epsilon {eps:.3g}, "
                 f"{rec['tokens_per_s']:.0f} tokens/s, {seconds:.2f} s/step"
             )
@@ -466,9 +478,11 @@ class TrainSummary:
             )
             + (
                 f"DP-SGD: epsilon {self.privacy['epsilon']:.3g} spent at delta {self.privacy['delta']:g} "
-                f"(target {self.privacy['target_epsilon']}), sigma {self.privacy['noise_multiplier']:.4g}, "
-                f"C {self.privacy['max_grad_norm']:g}, q {self.privacy['sample_rate']:.4g}, "
+                f"per {self.privacy['unit']} (target {self.privacy['target_epsilon']}), sigma "
+                f"{self.privacy['noise_multiplier']:.4g}, C {self.privacy['max_grad_norm']:g}, q "
+                f"{self.privacy['sample_rate']:.4g} of {self.privacy['units']} {self.privacy['unit']}s, "
                 f"{self.privacy['steps_taken']} steps\n"
+                + ("NOT PRIVATE: " + self.privacy["not_private"] + "\n" if "not_private" in self.privacy else "")
                 if self.privacy
                 else ""
             )
@@ -495,8 +509,11 @@ def _resolve(path: str) -> str:
 
 def _manifest(cfg: CtrlgenConfig) -> dict[str, Any]:
     """What the training examples depend on (paths and settings, no text)."""
+    from ctrlgen.training.data import TRAIN_SCHEMA
+
     t = cfg.training
     return {
+        "columns": TRAIN_SCHEMA.names,
         "corpus": cfg.corpus.model_dump(mode="json"),
         "extraction": cfg.extraction.setting,
         "input": storage.absolute(t.input) if t.input else None,
@@ -555,24 +572,36 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
     return n_docs, ok, bad
 
 
-def _dp_plan(cfg: CtrlgenConfig, examples: int) -> Any:
-    from ctrlgen.training.dp import dp_plan
+def _dp_plan(cfg: CtrlgenConfig, layout: Any, examples: int) -> tuple[Any, list[int]]:
+    """The DP-SGD plan over the run's privacy units, and the unit of every example (in training order)."""
+    from ctrlgen.training.data import rank_batches
+    from ctrlgen.training.dp import dp_plan, privacy_units
 
     t, d = cfg.training, cfg.training.dp
+    patients = next(rank_batches(layout, 0, examples, examples, ("patient",)))["patient"] if examples else []
     try:
-        return dp_plan(examples, t.num_workers, d.logical_batch, t.epochs, t.max_steps, d.max_grad_norm, d.delta,
-                       d.target_epsilon, d.noise_multiplier, d.accountant)  # fmt: skip
+        units = privacy_units(patients, d.unit)
+        plan = dp_plan(examples, t.num_workers, d.logical_batch, t.epochs, t.max_steps, d.max_grad_norm, d.delta,
+                       d.target_epsilon, d.noise_multiplier, d.accountant, unit=units.unit, units=units.count,
+                       reproducible_noise=d.reproducible_noise)  # fmt: skip
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    print(f"train: DP privacy unit: {units.unit} ({units.why}; training.dp.unit={d.unit}): {units.count} "
+          f"{units.unit}s, {examples} notes", file=sys.stderr, flush=True)  # fmt: skip
+    return plan, list(units.of_example)
 
 
 def _privacy(plan: Any, steps: int) -> dict[str, Any]:
     """The guarantee of a finished DP run: its plan and the epsilon of the steps it took."""
-    from ctrlgen.training.dp import epsilon_spent
+    from ctrlgen.training.dp import NOT_PRIVATE, epsilon_spent
 
     eps = epsilon_spent(plan.noise_multiplier, plan.sample_rate, steps, plan.delta, plan.accountant)
-    return {**plan.to_json(), "steps_taken": steps, "epsilon": eps, "mechanism": "DP-SGD (Opacus), Poisson sampling",
-            "unit": "example (one document)"}  # fmt: skip
+    out = {**plan.to_json(), "steps_taken": steps, "epsilon": eps,
+           "mechanism": f"DP-SGD (Opacus), Poisson sampling of {plan.unit}s, one clipped gradient per {plan.unit}",
+           "randomness": "training.seed (reproducible_noise)" if plan.reproducible_noise else "os.urandom"}  # fmt: skip
+    if plan.reproducible_noise:
+        out["not_private"] = NOT_PRIVATE
+    return out
 
 
 def run(cfg: CtrlgenConfig) -> TrainSummary:
@@ -612,7 +641,11 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
         storage.write_text(storage.join(data_dir, _COUNTS), json.dumps(counts) + "\n")
         storage.write_text(storage.join(data_dir, _MANIFEST), json.dumps(manifest, indent=2) + "\n")
     init_ray(cfg)
-    plan = _dp_plan(cfg, ok) if dp else None
+    storage.makedirs(store)
+    # The examples in training order (file names sort in write order) and their row groups:
+    # each rank reads its own share straight from storage (see the loops).
+    layout = example_layout(storage.list_files(storage.join(data_dir, "status=ok"), ".parquet"))
+    plan, dp_units = _dp_plan(cfg, layout, ok) if dp else (None, None)
     steps_per_epoch = ok // t.batch_size // t.num_workers  # full rounds of one batch per worker
     if plan is not None:
         total = plan.steps
@@ -628,16 +661,13 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
         file=sys.stderr,
         flush=True,
     )
-    storage.makedirs(store)
-    # The examples in training order (file names sort in write order) and their row groups:
-    # each rank reads its own contiguous share straight from storage (see the loop).
-    layout = example_layout(storage.list_files(storage.join(data_dir, "status=ok"), ".parquet"))
     trainer = TorchTrainer(
         dp_train_loop_per_worker if dp else train_loop_per_worker,
         train_loop_config={
             "cfg_json": cfg.model_dump_json(),
             "deepspeed": ds_config,
             "dp_plan": plan.to_json() if plan is not None else None,
+            "dp_units": dp_units,  # the privacy unit of every example (dp variant)
             "steps_per_epoch": steps_per_epoch,
             "total_steps": total,
             "layout": layout,

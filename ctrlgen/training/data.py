@@ -31,6 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from ctrlgen.prompts import prefix_prompt
+from ctrlgen.schema import patient_id
 from ctrlgen.training.masking import private_token_mask
 
 __all__ = [
@@ -44,11 +45,13 @@ __all__ = [
     "example_layout",
     "rank_batches",
     "rank_range",
+    "read_rows",
 ]
 
 TRAIN_SCHEMA = pa.schema(
     [
         pa.field("doc_id", pa.string()),
+        pa.field("patient", pa.string()),  # the note's patient (ctrlgen.schema.patient_id); null if unknown
         pa.field("control_code", pa.string()),  # c_i: the reference set of fine-tuning leakage
         pa.field("input_ids", pa.list_(pa.int32())),
         pa.field("labels", pa.list_(pa.int32())),
@@ -92,12 +95,13 @@ def encode_example(
 
 
 def _quarantined(doc_id: str, reason: str) -> dict[str, Any]:
-    return {"doc_id": doc_id, "control_code": "", "input_ids": [], "labels": [], "private": [], "n_output": 0, "n_private": 0,
+    return {"doc_id": doc_id, "patient": None, "control_code": "", "input_ids": [], "labels": [], "private": [], "n_output": 0, "n_private": 0,
             "status": "quarantined", "reason": reason}  # fmt: skip
 
 
 def encode_rows(rows: Iterable[dict[str, Any]], tokenizer: Any, max_doc_tokens: int, max_code_tokens: int) -> pa.Table:
-    """Extraction rows (``doc_id``, ``text``, ``entities``, ``control_code``) -> :data:`TRAIN_SCHEMA`.
+    """Extraction rows (``doc_id``, ``text``, ``entities``, ``control_code``, ``metadata`` for the patient) ->
+    :data:`TRAIN_SCHEMA`.
 
     Rows are never dropped: an empty document, a control code longer than
     ``max_code_tokens`` tokens, or an entity span outside the text comes back
@@ -124,7 +128,7 @@ def encode_rows(rows: Iterable[dict[str, Any]], tokenizer: Any, max_doc_tokens: 
             )
             continue
         n_out = len(ex.labels) - n_code
-        out.append({"doc_id": doc_id, "control_code": code, "input_ids": ex.input_ids, "labels": ex.labels, "private": ex.private,
+        out.append({"doc_id": doc_id, "patient": patient_id(r.get("metadata")), "control_code": code, "input_ids": ex.input_ids, "labels": ex.labels, "private": ex.private,
                     "n_output": n_out, "n_private": sum(ex.private), "status": "ok", "reason": ""})  # fmt: skip
     return pa.Table.from_pylist(out, schema=TRAIN_SCHEMA)
 
@@ -226,3 +230,40 @@ def rank_batches(
                 pending, have = [rest], rest.num_rows
         if pos >= hi:
             break
+
+
+def read_rows(
+    layout: ExampleLayout, rows: Sequence[int], columns: Sequence[str], count: IngestCount | None = None
+) -> dict[str, list[Any]]:
+    """The example rows ``rows`` (ascending, distinct), as Python lists per column, reading only the row groups
+    that hold one of them (a DP worker's notes: those of its share of patients, wherever they lie)."""
+    import bisect
+
+    from ctrlgen import storage
+
+    parts: list[pa.Table] = []
+    pos = 0
+    for path, groups in layout:
+        pf = None
+        for gi, n in enumerate(groups):
+            a, b = pos, pos + n
+            pos = b
+            first, last = bisect.bisect_left(rows, a), bisect.bisect_left(rows, b)
+            if first == last:
+                continue
+            pf = pf or storage.parquet_file(path)
+            table = pf.read_row_group(gi, columns=list(columns))
+            if count is not None:
+                rg = pf.metadata.row_group(gi)
+                names = [rg.column(j).path_in_schema.split(".")[0] for j in range(rg.num_columns)]
+                count.bytes += sum(rg.column(j).total_compressed_size for j in range(rg.num_columns)
+                                   if names[j] in columns)  # fmt: skip
+                count.rows += n
+            parts.append(table.take(pa.array([r - a for r in rows[first:last]], type=pa.int64())))
+    got = sum(t.num_rows for t in parts)
+    if got != len(rows):
+        raise ValueError(f"read_rows: {len(rows)} rows asked, {got} found in the layout of {pos} rows")
+    if not parts:
+        return {c: [] for c in columns}
+    merged = pa.concat_tables(parts)
+    return {c: merged.column(c).to_pylist() for c in columns}

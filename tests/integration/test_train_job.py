@@ -158,15 +158,17 @@ def test_dp_sgd_adds_one_noise_draw_per_logical_batch_on_one_or_two_workers(ray_
     from ctrlgen.training.dp import epsilon_spent
 
     common = [f"corpus.path={shared / 'physionet-deid'}", "training.variant=dp", "training.dp.logical_batch=8",
-              "training.dp.max_grad_norm=0.0001", "training.max_steps=3", "training.epochs=1"]  # fmt: skip
+              "training.dp.max_grad_norm=0.0001", "training.max_steps=3", "training.epochs=1",
+              "training.dp.unit=note"]  # fmt: skip  # the 32 notes come from a few patients
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(["train", "-c", CONFIG, *common, f"output_dir={two}"]) == 0
     assert "DP-SGD: epsilon" in capsys.readouterr().out
     assert main(["train", "-c", CONFIG, *common, f"output_dir={one}", f"training.input={two / 'extracted'}",
                  "training.num_workers=1", "training.cpus_per_worker=1"]) == 0  # fmt: skip
     p1, p2 = (json.loads((o / "adapter" / "privacy.json").read_text()) for o in (one, two))
-    for key in ("sample_rate", "noise_multiplier", "steps", "logical_batch", "examples"):
+    for key in ("sample_rate", "noise_multiplier", "steps", "logical_batch", "examples", "units"):
         assert p1[key] == p2[key]
+    assert p2["unit"] == "note" and p2["units"] == p2["examples"] == 32 and "not_private" not in p2
     assert p2["per_worker_batch"] == [4.0, 4.0] and p1["per_worker_batch"] == [8.0] and p2["sample_rate"] == 0.25
     assert p2["epsilon"] == epsilon_spent(p2["noise_multiplier"], 0.25, 3, 1e-5) and 0 < p2["epsilon"] < 8.0
     assert json.loads((two / "training" / "privacy.json").read_text()) == p2
@@ -177,8 +179,8 @@ def test_dp_sgd_adds_one_noise_draw_per_logical_batch_on_one_or_two_workers(ray_
         for h in history:  # 1,280 prefix coordinates per draw: the estimate is within a few percent
             assert h["noise_std"] == pytest.approx(sigma_c, rel=0.12), (out.name, h)
             assert h["clipped_share"] == 1.0  # C = 1e-4 is below every example's gradient norm
-    # The two workers drew one Poisson sample of the same examples: the batch sizes differ from 1 worker's
-    # draw (other seeds per rank) but both are binomial around 8.
+    # The two workers drew one Poisson sample of the same examples (each its own share, from OS entropy):
+    # the batch sizes are binomial around 8.
     assert all(0 < h["examples"] <= 20 for h in _history(two) + _history(one))
     # LoRA instead of the prefix (training.adapter=lora): its matrices get the same clipping and one noise
     # draw per logical batch; the adapter is a standard PEFT LoRA adapter the prefix mode can load.
@@ -199,6 +201,51 @@ def test_dp_sgd_adds_one_noise_draw_per_logical_batch_on_one_or_two_workers(ray_
         [GenerationRequest("Control code:\nPERSON: Ann Lee\nDocument:\n", seed=1)] * 2
     )
     assert all(r.error is None and r.new_tokens == 4 for r in out)
+
+
+def test_dp_sgd_per_patient_draws_secret_noise_and_stamps_reproducible_runs(ray_cluster, tmp_path, shared, capsys):
+    """The default privacy unit on PhysioNet (every note names its patient) is the patient: q over patients,
+    one clipped gradient per drawn patient, epsilon = Opacus's accountant at that rate. Two runs of one config
+    draw different noise (OS entropy); a training.dp.reproducible_noise run is stamped not private in
+    privacy.json, summary.json and the printed summary."""
+    import pyarrow.parquet as pq
+    from opacus.accountants import create_accountant
+
+    from ctrlgen.cli import main
+
+    common = [f"corpus.path={shared / 'physionet-deid'}", "training.variant=dp", "training.dp.logical_batch=2",
+              "training.dp.noise_multiplier=1.0", "training.dp.max_grad_norm=0.0001", "training.max_steps=2",
+              "training.epochs=1", "training.checkpoint_every=1000"]  # fmt: skip
+    runs = {name: tmp_path / name for name in ("a", "b", "seeded")}
+    assert main(["train", "-c", CONFIG, *common, f"output_dir={runs['a']}"]) == 0
+    capsys.readouterr()
+    extracted = f"training.input={runs['a'] / 'extracted'}"
+    assert main(["train", "-c", CONFIG, *common, extracted, f"output_dir={runs['b']}"]) == 0
+    assert main(["train", "-c", CONFIG, *common, extracted, f"output_dir={runs['seeded']}",
+                 "training.dp.reproducible_noise=true"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    patients = {r["patient"] for r in pq.read_table(runs["a"] / "train_data" / "status=ok").to_pylist()}
+    assert None not in patients and 2 <= len(patients) < 32
+    priv = {n: json.loads((o / "adapter" / "privacy.json").read_text()) for n, o in runs.items()}
+    a = priv["a"]
+    assert a["unit"] == "patient" and a["units"] == len(patients) and a["examples"] == 32
+    assert a["sample_rate"] == 2 / len(patients) and a["randomness"] == "os.urandom" and "not_private" not in a
+    acc = create_accountant("rdp")
+    for _ in range(2):
+        acc.step(noise_multiplier=1.0, sample_rate=2 / len(patients))
+    assert a["epsilon"] == pytest.approx(acc.get_epsilon(delta=1e-5), rel=1e-9)
+    for h in _history(runs["a"]):  # whole patients drawn: at least as many notes as patients, each sum clipped
+        assert h["units"] <= h["examples"] and (h["units"] == 0 or h["clipped_share"] == 1.0)
+    # Secret noise: the same config twice gives other prefixes.
+    ta, tb = _adapter(runs["a"]), _adapter(runs["b"])
+    assert ta.keys() == tb.keys() and any(not torch.equal(ta[k], tb[k]) for k in ta)
+    # Reproducible noise (replayed exactly: tests/unit/test_dp.py): stamped not private wherever the run reports.
+    seeded = priv["seeded"]
+    assert "reproducible_noise" in seeded["not_private"] and seeded["reproducible_noise"] is True
+    summary = json.loads((runs["seeded"] / "training" / "summary.json").read_text())
+    assert summary["privacy"]["not_private"] == seeded["not_private"]
+    assert printed.count("NOT PRIVATE") == 1
+    assert all("not_private" not in priv[n] and priv[n]["reproducible_noise"] is False for n in ("a", "b"))
 
 
 def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluster, tmp_path, shared):
@@ -227,7 +274,8 @@ def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluste
     train = [*base, f"training.input={tmp_path / 'canaried'}", "training.variant=dp", "training.num_documents=null",
              "training.dp.logical_batch=8", "training.epochs=15", "training.learning_rate=0.05",
              "training.max_doc_tokens=16", "training.num_workers=1", "training.cpus_per_worker=1",
-             "training.torch_threads=2", "training.checkpoint_every=1000", "training.log_every=10"]  # fmt: skip
+             "training.torch_threads=2", "training.checkpoint_every=1000", "training.log_every=10",
+             "training.dp.unit=note"]  # fmt: skip  # the canary is planted in notes, of few patients
     cfg = load_config(CONFIG, base)
     scores = {}
     for name, extra in (("inf", ["training.dp.noise_multiplier=0"]), ("eps8", ["training.dp.target_epsilon=8"])):

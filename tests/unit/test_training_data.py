@@ -65,7 +65,13 @@ def test_collate_pads_on_the_right_without_loss_or_privacy(tok):
 def test_encode_rows_quarantines_bad_rows_and_never_drops_one(tok):
     ent = {"start": SMITH[0], "end": SMITH[1]}
     rows = [
-        {"doc_id": "ok", "text": TEXT, "entities": [ent], "control_code": "PERSON: Smith"},
+        {
+            "doc_id": "ok",
+            "text": TEXT,
+            "entities": [ent],
+            "control_code": "PERSON: Smith",
+            "metadata": '{"corpus": "physionet-deid", "patient": "17", "note": "2"}',
+        },
         {"doc_id": "empty", "text": "  ", "entities": [], "control_code": ""},
         {"doc_id": "span", "text": "abc", "entities": [{"start": 1, "end": 9}], "control_code": ""},
         {"doc_id": "long", "text": TEXT, "entities": [], "control_code": "PERSON: " + "x " * 400},
@@ -78,6 +84,7 @@ def test_encode_rows_quarantines_bad_rows_and_never_drops_one(tok):
     assert "outside the text" in status["span"][1] and "max_code_tokens" in status["long"][1]
     ok = table[0]
     assert ok["control_code"] == "PERSON: Smith" and ok["n_private"] == sum(ok["private"]) > 0
+    assert ok["patient"] == "17" and table[3]["patient"] is None  # the DP privacy unit; none without metadata
     assert ok["n_output"] == sum(v != -100 for v in ok["labels"])
     # Reasons never quote the document.
     assert all("Smith" not in r["reason"] for r in table)
@@ -168,3 +175,28 @@ def test_rank_shards_are_disjoint_contiguous_and_read_only_their_row_groups(tmp_
     count = IngestCount()
     rest = [x[0] for b in rank_batches(layout, lo, hi, 4, cols, count) for x in b["input_ids"]]
     assert rest == list(range(48, 56)) and count.rows == 8
+
+
+def test_read_rows_takes_scattered_rows_from_only_their_row_groups(tmp_path):
+    """A DP worker's notes (its patients') lie anywhere in the training order: read_rows returns exactly them,
+    in order, opening only the row groups that hold one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ctrlgen.training.data import IngestCount, example_layout, read_rows
+
+    files = []
+    for k, (start, n) in enumerate([(0, 40), (40, 24)]):  # 64 examples, row groups of 8
+        ids = [[i, i] for i in range(start, start + n)]
+        pq.write_table(pa.table({"input_ids": ids, "patient": [str(i % 5) for i in range(start, start + n)]}),
+                       tmp_path / f"examples-{k}.parquet", row_group_size=8)  # fmt: skip
+        files.append(str(tmp_path / f"examples-{k}.parquet"))
+    layout = example_layout(files)
+    count = IngestCount()
+    want = [1, 3, 7, 41, 42, 63]  # row groups 0, 5 and 7 of 8
+    got = read_rows(layout, want, ("input_ids", "patient"), count)
+    assert [x[0] for x in got["input_ids"]] == want and got["patient"] == [str(i % 5) for i in want]
+    assert count.rows == 24
+    assert read_rows(layout, [], ("input_ids",)) == {"input_ids": []}
+    with pytest.raises(ValueError, match="2 rows asked, 1 found"):
+        read_rows(layout, [5, 64], ("input_ids",))
