@@ -59,6 +59,7 @@ __all__ = [
     "name_forms",
     "normalize",
     "number_forms",
+    "parse_dates",
     "split_value",
     "value_variants",
 ]
@@ -293,7 +294,7 @@ def _valid(m: int, d: int | None) -> bool:
     return 1 <= m <= 12 and (d is None or 1 <= d <= 31)
 
 
-def _parse_dates(value: str) -> list[tuple[int | None, int, int | None]]:
+def parse_dates(value: str) -> list[tuple[int | None, int, int | None]]:
     """Every reading ``(year, month, day)`` of a date (year or day None when absent)."""
     text = _TIME.sub("", value.strip().strip("()[],")).strip()
     for pat in _DATE_PATTERNS:
@@ -355,7 +356,7 @@ def date_forms(value: str) -> list[str]:
     """Rewritings of a date (see module doc); empty when ``value`` is not a date this parses."""
     value = " ".join(value.split())
     forms: list[str] = []
-    for y, m, d in _parse_dates(value):
+    for y, m, d in parse_dates(value):
         forms += _render_date(y, m, d)
     return _distinct(forms, value)
 

@@ -51,15 +51,21 @@ def banned_sequences(tokenizer: Any, values: Iterable[ValueLike], *, leading_spa
     ``"Smith"`` are different tokens, with a leading space. Sequences are distinct;
     empty ones are dropped.
     """
-    seqs: dict[tuple[int, ...], None] = {}
+    texts: dict[str, None] = {}
     for item in values:
         value, category = split_value(item)
         for variant in value_variants(value, category):
-            texts = [variant, " " + variant] if leading_space else [variant]
-            for text in texts:
-                ids = tokenizer.encode(text, add_special_tokens=False)
-                if ids:
-                    seqs[tuple(int(i) for i in ids)] = None
+            texts[variant] = None
+            if leading_space:
+                texts[" " + variant] = None
+    if not texts:
+        return []
+    # One batched call: a value has tens of variants, a context tens of values.
+    encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    seqs: dict[tuple[int, ...], None] = {}
+    for ids in encoded:
+        if ids:
+            seqs[tuple(int(i) for i in ids)] = None
     return [list(s) for s in seqs]
 
 

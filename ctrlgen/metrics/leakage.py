@@ -104,7 +104,7 @@ class ValueIndex:
         keys = value_keys(values)
         self._values = tuple(sorted({v for vs in keys.values() for v in vs}))
         for key, stands_for in keys.items():
-            self._automaton.add_word(key, (len(key), tuple(sorted(stands_for))))
+            self._automaton.add_word(key, (key, tuple(sorted(stands_for))))
         if keys:
             self._automaton.make_automaton()
 
@@ -116,16 +116,20 @@ class ValueIndex:
 
     def find(self, text: str) -> set[str]:
         """The distinct (normalised) values occurring in ``text`` on word boundaries, as themselves or a variant."""
+        return {v for _, _, _, stands_for in self.spans(text) for v in stands_for}
+
+    def spans(self, text: str) -> list[tuple[int, int, str, tuple[str, ...]]]:
+        """Every match ``(start, end, variant, values it stands for)``, offsets into ``normalize_value(text)``."""
         if not self._values or not text:
-            return set()
+            return []
         norm = normalize_value(text)
         last = len(norm) - 1
-        found: set[str] = set()
-        for end, (n, stands_for) in self._automaton.iter(norm):
-            start = end - n + 1
+        out = []
+        for end, (key, stands_for) in self._automaton.iter(norm):
+            start = end - len(key) + 1
             if (start == 0 or not _is_word(norm[start - 1])) and (end == last or not _is_word(norm[end + 1])):
-                found.update(stands_for)
-        return found
+                out.append((start, end + 1, key, stands_for))
+        return out
 
 
 def as_index(values: Iterable[ValueLike] | ValueIndex) -> ValueIndex:
