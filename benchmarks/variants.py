@@ -35,6 +35,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -94,10 +95,10 @@ def _words_hit(norm: str, spans: list[tuple[int, int]]) -> int:
 class Matcher:
     """One value index over values (typed or not) plus optional extra strings; own values excluded per note."""
 
-    def __init__(self, values: list[Any], extra: list[tuple[str, str]] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, values: list[Any], extra: Sequence[tuple[str, str]] = ()) -> None:
         self.index = ValueIndex(values)
         self.extra = ValueIndex([e for e, _ in extra]) if extra else None
-        self.extra_of = {}
+        self.extra_of: dict[str, set[str]] = {}
         for e, owner in extra:
             self.extra_of.setdefault(normalize_value(e), set()).add(owner)
 
