@@ -421,6 +421,12 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_results_page(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+    from ctrlgen.experiment_report import write_or_check
+
+    return write_or_check(args.spec, args.out, args.check)
+
+
 def cmd_model(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     from ctrlgen.models import load_causal_lm, prepare_builtin
 
@@ -490,6 +496,11 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
         "Precision / recall per category of the unknown setting (ctrlgen's "
         "Presidio engine and the stock one) against the gold spans of PhysioNet deid and the TAB "
         "case; writes docs/extraction.md.",
+    ),
+    "results-page": (
+        cmd_results_page,
+        "Render docs/results.md from its spec (docs/results_page.json) and the experiment results JSONs it names "
+        "(tables, intervals, plot, command, commit, the reading); --check compares instead of writing.",
     ),
     "codes": (cmd_codes, "Print the control codes of the first `show` ingested documents."),
     "model": (
@@ -615,6 +626,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             sp.add_argument("--seeds", default="",
                             help="More NER training seeds, comma-separated (e.g. 1,2): the pooled CV figures of "
                             "each beside the configured seed's, with mean and sd (trains k NERs per seed).")  # fmt: skip
+        if name == "results-page":
+            sp.add_argument("--spec", default="docs/results_page.json", help="The page spec (runs, notes, checks).")
+            sp.add_argument("--out", default="docs/results.md", help="Markdown file to write.")
+            sp.add_argument("--check", action="store_true", help="Exit 1 if --out differs from the rendering.")
         if name == "train-ner":
             sp.add_argument("--out", default=None, help="Directory to write (default extraction.ner_model).")
             sp.add_argument("--limit", type=int, default=None, help="Train on the first N documents only.")

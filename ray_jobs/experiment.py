@@ -19,13 +19,16 @@ unknown entities} x seeds, read straight down:
    method from test-split notes' fictional codes (ICL contexts from the train split)
    with the generation job;
 6. **evaluate** every (setting, method, seed) cell: per-document privacy metrics over
-   Ray Data (:mod:`ray_jobs.evaluate`), the linkage attack, the semantic attack, downstream perplexity
+   Ray Data (:mod:`ray_jobs.evaluate`), the linkage attack, the semantic attack (and the same attack on
+   ``semantic_chance_documents`` held-out notes per seed, its chance level), downstream perplexity
    (a fresh base model fine-tuned on the cell's outputs, perplexity on real test
    notes), MAUVE against real test notes and category F1; anonymiser cells release the seeded
    test notes edited (``ctrlgen.anonymize``, or the LLM anonymiser's Ray Data job); two reference rows: the base model
    and the same fine-tuning on real train notes;
-7. **report**: mean and 95% CI over seeds -> ``results.json``, ``results.md``,
-   ``privacy_utility.png`` under ``<output_dir>/results``.
+7. **report**: mean and 95% interval per (setting, method) (:mod:`ctrlgen.experiment`) -> ``results.json``
+   (with each output's and attacked note's scores and patient, the command, commit, date and machine),
+   ``results.md`` (the page, :func:`ctrlgen.experiment_report.run_page`), ``privacy_utility.png`` under
+   ``<output_dir>/results``.
 
 The baseline prompt has no control codes, so its outputs are the same in both
 settings: it is generated once per seed and reported under each setting.
@@ -77,6 +80,37 @@ def _with(cfg: CtrlgenConfig, **dotted: Any) -> CtrlgenConfig:
             node = node[p]
         node[last] = value
     return CtrlgenConfig.model_validate(data)
+
+
+def _provenance() -> dict[str, Any]:
+    """How the run was made, for its page: the command line, the git commit (and whether the checkout had
+    uncommitted changes), the date (UTC) and the machine."""
+    import datetime
+    import os
+    import shlex
+    import subprocess
+
+    import torch
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip()
+
+    prog = sys.argv[0].replace("\\", "/")
+    head = {"ray_jobs/experiment.py": ["python", "-m", "ray_jobs.experiment"], "ctrlgen/cli.py": ["ctrlgen"]}
+    argv = next((v for k, v in head.items() if prog.endswith(k)), [Path(prog).name]) + sys.argv[1:]
+    commit = git("rev-parse", "--short", "HEAD")
+    machine = f"{os.cpu_count()} CPU cores"
+    if torch.cuda.is_available():
+        machine += f", {torch.cuda.get_device_name(0)}"
+    return {"command": shlex.join(argv), "commit": commit,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")) if commit else None,
+            "date": datetime.datetime.now(datetime.UTC).date().isoformat(), "machine": machine}  # fmt: skip
 
 
 def _split_fn(seed: int, fraction: float) -> Any:
@@ -206,54 +240,74 @@ def _judge(util: _Utility, texts: list[str]) -> Any:
     return SimilarityJudge(util.encoder, same, partly)
 
 
-def _semantic(
-    pending: list[tuple[dict[str, Any], list[Any], list[str], list[tuple[str, ...]]]],
-    util: _Utility,
-    judge: Any,
-    seed: int,
-) -> None:
-    """The semantic attack (METHOD.md 8.2) of every pending cell, in one Ray Data job (one group per cell: its
-    outputs are the released set, the real notes they could reveal the records); fills each cell's columns."""
+#: A cell awaiting the semantic attack: (cell, the real notes its outputs could reveal, its released texts, the
+#: notes each text was made from, held-out real notes of patients it was not made from).
+_Pending = tuple[dict[str, Any], list[Any], list[str], list[tuple[str, ...]], list[Any]]
+
+
+def _semantic(pending: list[_Pending], util: _Utility, judge: Any, seed: int, patients: dict[str, str]) -> None:
+    """The semantic attack (METHOD.md 8.2) of every pending cell, in one Ray Data job: per cell one group (its
+    outputs are the released set, the real notes they could reveal the records) and one chance group (the same
+    released set, held-out notes as the records); fills each cell's columns and per-record scores."""
     import ray
 
+    from ctrlgen.metrics.semantic import Released, random_link_rate
     from ray_jobs.semantic import AttackSettings, attack_groups
 
     todo = [(str(i), p) for i, p in enumerate(pending) if p[1] and p[2]]
     if todo:
+        groups = [(g, records) for g, (_, records, *_) in todo]
+        groups += [(f"{g}/chance", p[4]) for g, p in todo if p[4]]
         records = ray.data.from_items([{"group": g, "doc_id": d.doc_id, "text": d.text}
-                                       for g, (_, originals, _, _) in todo for d in originals])  # fmt: skip
-        released = {g: ray.data.from_items([{"doc_id": f"out{i}", "text": t, "sources": list(src)}
-                                            for i, (t, src) in enumerate(zip(texts, sources, strict=True))])
-                    for g, (_, _, texts, sources) in todo}  # fmt: skip
+                                       for g, recs in groups for d in recs])  # fmt: skip
+        released = {g: [{"doc_id": f"out{i}", "text": t, "sources": list(src)}
+                        for i, (t, src) in enumerate(zip(texts, sources, strict=True))]
+                    for g, (_, _, texts, sources, _) in todo}  # fmt: skip
+        datasets = {g: ray.data.from_items(released[g.removesuffix("/chance")]) for g, _ in groups}
         x = util.x
         s = AttackSettings(k=x.semantic_k, seed=seed, retriever=x.semantic_retriever, same=judge.same,
                            partly=judge.partly, embedding_model=util.cfg.nlp.embedding_model,
                            atomizer=x.semantic_atomizer, judge=x.semantic_judge, llm_json=util.cfg.model_dump_json(),
                            num_actors=x.eval_actors, actor_num_cpus=0.5)  # fmt: skip
-        results = attack_groups(records, released, s, keep_scores=True)
-        for g, (cell, *_) in todo:
+        results = attack_groups(records, datasets, s, keep_scores=True)
+
+        def per_record(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:  # for the cluster bootstrap
+            return {"cluster": [patients.get(r["doc_id"], r["doc_id"]) for r in rows],
+                    "linkable": [bool(r["linkable"]) for r in rows], "correct": [bool(r["correct"]) for r in rows],
+                    "semantic_privacy": [r["semantic_privacy"] for r in rows],
+                    "lexical_privacy": [r["lexical_privacy"] for r in rows]}  # fmt: skip
+
+        for g, (cell, originals, _, sources, _) in todo:
             res = results[g]
             cell.update({"sem_link": res.linkage_rate if res.linkable else None,
                          "lexical_privacy": res.lexical_privacy, "semantic_privacy": res.semantic_privacy,
-                         "sem_attacked": res.attacked, "sem_linkable": res.linkable})  # fmt: skip
-            per = cell.setdefault("per_output", {})  # per attacked record, for the bootstrap intervals
-            per["semantic_privacy"] = [r["semantic_privacy"] for r in res.per_record]
-            per["lexical_privacy"] = [r["lexical_privacy"] for r in res.per_record]
-            per["sem_link"] = [float(r["correct"]) for r in res.per_record if r["linkable"]]
+                         "sem_attacked": res.attacked, "sem_linkable": res.linkable,
+                         "per_record": per_record(res.per_record)})  # fmt: skip
+            rel = [Released(str(i), "", tuple(src)) for i, src in enumerate(sources)]
+            attacked = {r["doc_id"] for r in res.per_record}
+            cell["sem_link_chance"] = random_link_rate([d.doc_id for d in originals if d.doc_id in attacked], rel)
+            if f"{g}/chance" in results:
+                held = results[f"{g}/chance"]
+                cell.update({"lexical_privacy_chance": held.lexical_privacy,
+                             "semantic_privacy_chance": held.semantic_privacy, "sem_chance_attacked": held.attacked,
+                             "per_record_chance": per_record(held.per_record)})  # fmt: skip
     pending.clear()
 
 
-def _per_output(records: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
-    """mode -> PIPP and PIPP >= 4 characters of each scored output (evaluation records), for the bootstrap."""
+def _per_output(records: list[dict[str, Any]], patients: dict[str, str]) -> dict[str, dict[str, list[Any]]]:
+    """mode -> each scored output's PIPP, PIPP >= 4 characters, entity-in-context hits and ROUGE (evaluation
+    records), and its cluster (the patient of the target note it was made for), for the intervals."""
     from ctrlgen.metrics.evaluate import record_terms
 
-    out: dict[str, dict[str, list[float]]] = {}
-    for r in records:
+    keys = ("pipp", "pipp_long", "ctx_1", "ctx_4", "rouge2", "rougeL")
+    out: dict[str, dict[str, list[Any]]] = {}
+    for r in sorted(records, key=lambda r: (str(r["mode"]), str(r["doc_id"]))):
         if r["status"] == "ok":
             t = record_terms(r)
-            d = out.setdefault(str(r["mode"]), {"pipp": [], "pipp_long": []})
-            d["pipp"].append(t["pipp"])
-            d["pipp_long"].append(t["pipp_long"])
+            d = out.setdefault(str(r["mode"]), {"cluster": [], **{k: [] for k in keys}})
+            d["cluster"].append(patients.get(str(r["doc_id"]), str(r["doc_id"])))
+            for k in keys:
+                d[k].append(t[k])
     return out
 
 
@@ -264,7 +318,9 @@ def _anonymised_cell(
     seed: int,
     splits: dict[str, dict[str, Path]],
     util: _Utility,
-    pending: list[Any],
+    pending: list[_Pending],
+    patients: dict[str, str],
+    heldout: list[Any],
 ) -> dict[str, Any]:
     """One (setting, anonymiser, seed) cell: ``num_documents`` seeded test notes with gold PHI, released anonymised.
 
@@ -313,7 +369,7 @@ def _anonymised_cell(
                      "text": text or "", "context_ids": [doc_id], "labels": {e.category for e in ents}})  # fmt: skip
     records = Evaluator(gold).table(rows).to_pylist()
     by_mode = aggregate(records, 0)
-    extra["per_output"] = _per_output(records).get(method, {})
+    extra["per_output"] = _per_output(records, patients).get(method, {})
     rows = [r for r in rows if r["status"] == "ok"]
     texts = [r["text"] for r in rows]
     link = linkage_attack([RealRecord(d.doc_id, d.text, d.values) for d in gold.values()], texts, seed)
@@ -322,7 +378,7 @@ def _anonymised_cell(
             "link_attacked": link.attacked, "perplexity": util.perplexity(texts, seed) if texts else None,
             "mauve": util.mauve(texts, seed) if len(texts) >= 2 else None,
             "cls_f1": util.classify(texts, [r["labels"] for r in rows]), **extra}  # fmt: skip
-    pending.append((cell, list(gold.values()), texts, [(r["doc_id"],) for r in rows]))
+    pending.append((cell, list(gold.values()), texts, [(r["doc_id"],) for r in rows], heldout))
     return cell
 
 
@@ -330,11 +386,13 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     import ray
     import torch
 
-    from ctrlgen.experiment import METHOD_LABELS, plot, summarize, table
+    from ctrlgen.experiment import METHOD_LABELS, patient_of, plot, summarize, table
+    from ctrlgen.experiment_report import run_page
     from ctrlgen.generation.report import read_generated
     from ctrlgen.metrics.canary import insert_canaries, make_canaries
     from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate
     from ctrlgen.metrics.linkage import RealRecord, linkage_attack
+    from ctrlgen.metrics.semantic import Record
     from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample
     from ray_jobs.evaluate import evaluate, shard_references
     from ray_jobs.generate import _generated_dataset
@@ -368,6 +426,8 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
         n = {s: ray.data.read_parquet(str(p)).count() for s, p in splits[setting].items()}
         _log(f"{setting}: {n['train']} train / {n['test']} test notes (split by patient)")
     known_train = _rows(splits["known"]["train"])
+    # doc_id -> patient: the clusters of the intervals (outputs and attacked notes of one patient are not independent)
+    patients = {str(r["doc_id"]): patient_of(r) for r in (*known_train, *_rows(splits["known"]["test"]))}
     schema = pq.read_schema(next(splits["known"]["train"].rglob("*.parquet")))
     real_icl = {r["doc_id"]: RealDoc.from_row(r) for r in known_train}
     test_ds = ray.data.read_parquet(str(splits["known"]["test"])).select_columns(_DOC_COLUMNS)
@@ -441,7 +501,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     # 5-6. Generation and evaluation per (setting, seed).
     util = _Utility(cfg, test_texts, test_labels)
     judge = _judge(util, test_texts)
-    pending: list[tuple[dict[str, Any], list[Any], list[str], list[tuple[str, ...]]]] = []
+    pending: list[_Pending] = []
     cells: list[dict[str, Any]] = []
     baseline_cells: dict[int, dict[str, Any]] = {}
     for seed in x.seeds:
@@ -449,6 +509,15 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
         real_rows = seeded_sample(ray.data.from_items(known_train), x.num_documents, seed, "real",
                                   ["doc_id", "text", "control_code"])  # fmt: skip
         real_sample = [r["text"] for r in real_rows]
+        # Held-out real notes for the semantic attack's chance level, of patients a released set was not made from:
+        # test-split notes (minus a cell's targets) for generated sets, train-split notes for anonymised test notes.
+        n_chance = x.semantic_chance_documents
+        chance_test = [Record(str(r["doc_id"]), r["text"]) for r in seeded_sample(
+            test_ds.map_batches(has_code, batch_format="pyarrow"), n_chance + x.num_documents, seed, "chance",
+            ["doc_id", "text"])] if n_chance else []  # fmt: skip
+        chance_train = [Record(str(r["doc_id"]), r["text"]) for r in seeded_sample(
+            ray.data.from_items(known_train).map_batches(has_code, batch_format="pyarrow"), n_chance, seed, "chance",
+            ["doc_id", "text"])] if n_chance else []  # fmt: skip
         cells.append({"setting": "reference", "method": "real", "seed": seed,
                       "perplexity": util.perplexity(real_sample, seed), "mauve": util.mauve(real_sample, seed),
                       "cls_f1": util.classify(real_sample, [_categories(r["control_code"]) for r in real_rows])})  # fmt: skip
@@ -477,11 +546,11 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                 if shards is not None:
                     by_mode = evaluate(_generated_dataset(str(gen_dir / "generated")), shards,
                                        str(gen_dir / "evaluation"), num_actors=x.eval_actors)  # fmt: skip
-                    per_output = _per_output(ray.data.read_parquet(str(gen_dir / "evaluation")).take_all())
+                    per_output = _per_output(ray.data.read_parquet(str(gen_dir / "evaluation")).take_all(), patients)
                 else:
                     records = evaluators[ft].table(rows).to_pylist()
                     by_mode = aggregate(records, n_ft_values if ft else 0)
-                    per_output = _per_output(records)
+                    per_output = _per_output(records, patients)
                 for mode in sorted({r["mode"] for r in rows}):
                     method = modes[0] if ft else mode
                     ok = [r for r in rows if r["mode"] == mode and r["status"] == "ok"]
@@ -500,7 +569,9 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                             "mauve": util.mauve(texts, seed) if len(texts) >= 2 else None,
                             "cls_f1": util.classify(texts, [_categories(r["fictional_code"]) for r in ok]),
                             "per_output": dict(per_output.get(mode, {}))}  # fmt: skip
-                    pending.append((cell, attacked, texts, made_from))
+                    targets = {str(r["doc_id"]) for r in rows}
+                    heldout = [d for d in chance_test if d.doc_id not in targets][:n_chance]
+                    pending.append((cell, attacked, texts, made_from, heldout))
                     if (setting, method, train_seed) in privacy:  # epsilon, per what unit, whether private at all
                         run_dp = privacy[(setting, method, train_seed)]
                         cell |= {"epsilon": float(run_dp["epsilon"]), "dp_unit": run_dp["unit"]}
@@ -516,12 +587,12 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                         baseline_cells[seed] = cell
                     cells.append(cell)
             for method in (m for m in x.methods if m in _ANON):  # the real test notes, anonymised
-                cell = _anonymised_cell(cfg, method, setting, seed, splits, util, pending)
+                cell = _anonymised_cell(cfg, method, setting, seed, splits, util, pending, patients, chance_train)
                 _log(f"{setting} / {method} / seed {seed}: PIPP {cell['pipp']:.3f}, ROUGE-L {cell['rougeL']:.3f}, "
                      f"perplexity {cell['perplexity']}, MAUVE {cell['mauve']}")  # fmt: skip
                 cells.append(cell)
             _log(f"semantic attack on {len(pending)} cells ({setting}, seed {seed}; one Ray Data job)")
-            _semantic(pending, util, judge, seed)
+            _semantic(pending, util, judge, seed, patients)
             if (
                 "baseline" in x.methods
                 and seed in baseline_cells
@@ -539,9 +610,10 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     summary = summarize(cells)
     md = table(summary)
     meta = {"config": cfg.model_dump(), "methods": {m: METHOD_LABELS[m] for m in x.methods},
-            "canaries_base_model": base_exposure, "minutes": (time.perf_counter() - t0) / 60}  # fmt: skip
-    (res / "results.json").write_text(json.dumps({"summary": summary, "cells": cells, **meta}, indent=2, default=str))
-    (res / "results.md").write_text(md + "\n", encoding="utf-8")
+            "canaries_base_model": base_exposure, "minutes": (time.perf_counter() - t0) / 60, **_provenance()}  # fmt: skip
+    text = json.dumps({"summary": summary, "cells": cells, **meta}, indent=2, default=str)
+    (res / "results.json").write_text(text)
+    (res / "results.md").write_text(run_page(json.loads(text)), encoding="utf-8")  # the page of what was written
     plot(summary, res / "privacy_utility.png")
     return ExperimentSummary(len(cells), time.perf_counter() - t0, str(res), md)
 

@@ -13,6 +13,11 @@
    * lexical privacy = 1 - ROUGE-L F1(original, linked document);
    * semantic privacy = mean over the claims of the judge's verdict, 0 (same information),
      0.5 (partly), 1 (not supported); higher is more private.
+4. **Chance level**: the same attack on held-out real records the released set was not made from
+   scores what any released set of this kind "reveals" about any note (shared vocabulary, a judge
+   that scores topical closeness). :func:`excess_over_chance` is the held-out records' semantic
+   privacy minus the attacked records', with its interval; :func:`random_link_rate` the linkage rate
+   of an attacker who links at random.
 
 The judge offline is :class:`SimilarityJudge`: the claim's best cosine similarity with the
 linked document's claims, cut at two thresholds calibrated on pairs built from the records
@@ -51,10 +56,12 @@ __all__ = [
     "atomize",
     "attack_records",
     "calibrate",
+    "excess_over_chance",
     "judge_prompt",
     "llm_atomize",
     "parse_verdict",
     "query_claims",
+    "random_link_rate",
     "semantic_attack",
     "summarize_attack",
 ]
@@ -376,3 +383,34 @@ def semantic_attack(
     ``ray_jobs.semantic`` runs the same functions over Ray Data)."""
     index = SemanticIndex(released, retriever, encoder)
     return summarize_attack(attack_records(records, index, judge, k, seed, encoder, atomizer))
+
+
+def random_link_rate(record_ids: Sequence[str], released: Sequence[Released]) -> float | None:
+    """The expected correct-linkage rate of an attacker who links each record to a released document drawn
+    at random: the mean, over the records some document was made from, of the share of the released set
+    made from it; None when no record is a source."""
+    if not released:
+        raise ValueError("the released set is empty")
+    made = [sum(rid in r.sources for r in released) / len(released) for rid in record_ids]
+    linkable = [m for m in made if m > 0]
+    return sum(linkable) / len(linkable) if linkable else None
+
+
+def excess_over_chance(
+    attacked: SemanticResult,
+    chance: SemanticResult,
+    cluster_of: Callable[[str], str] | None = None,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(excess, lower, upper): semantic privacy of the held-out records (``chance``, the same attack on real
+    records the released set was not made from) minus that of the attacked records, and its 95% interval by a
+    cluster bootstrap (clusters: ``cluster_of(doc_id)``, e.g. the patient; default the record itself). Near 0:
+    the attack learns no more about the records than about any note; large: the released set reveals them."""
+    from ctrlgen.intervals import cluster_bootstrap_diff
+
+    key = cluster_of or (lambda d: d)
+    a, c = attacked.per_record, chance.per_record
+    if not a or not c:
+        raise ValueError("excess over chance needs per-record scores of both attacks (summarize_attack's)")
+    return cluster_bootstrap_diff([r["semantic_privacy"] for r in c], [key(r["doc_id"]) for r in c],
+                                  [r["semantic_privacy"] for r in a], [key(r["doc_id"]) for r in a], seed=seed)  # fmt: skip

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ctrlgen.experiment import summarize, table
+from ctrlgen.experiment_report import run_page
 from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate
 
 pytestmark = pytest.mark.integration
@@ -63,8 +63,23 @@ def test_experiment_matrix_writes_table_json_and_plot(ray_cluster, tmp_path, sha
     base = {s: [c for c in matrix if c["method"] == "baseline" and c["setting"] == s] for s in ("known", "unknown")}
     assert [c["rougeL"] for c in base["known"]] == [c["rougeL"] for c in base["unknown"]]
     assert {c["method"] for c in cells if c["setting"] == "reference"} == {"real", "base"}
-    # the committed Markdown is the JSON's cells summarised (mean and 95% CI over seeds)
-    assert (res / "results.md").read_text() == table(summarize(cells)) + "\n"
+    # what the intervals need: per-output values with their target's patient, per-record scores with the attacked
+    # note's patient, and the same attack on held-out notes (the chance level), whose patients the cell never used
+    for c in matrix:
+        po, pr, ch = c["per_output"], c["per_record"], c["per_record_chance"]
+        assert len(po["cluster"]) == len(po["pipp"]) == len(po["rougeL"]) == c["outputs"]
+        assert len(pr["cluster"]) == len(pr["semantic_privacy"]) == c["sem_attacked"] and sum(pr["linkable"]) == c[
+            "sem_linkable"]  # fmt: skip
+        assert ch["semantic_privacy"] and not set(ch["cluster"]) & set(pr["cluster"]), (c["method"], c["seed"])
+        assert 0 <= c["semantic_privacy_chance"] <= 1
+        assert (c["sem_link_chance"] is None) == (c["sem_link"] is None)
+    row = next(r for r in data["summary"] if r["setting"] == "known" and r["method"] == "anon_redact")
+    assert row["pipp"]["ci"] == "exact" and row["semantic_privacy"]["ci"] in ("cluster", None)
+    assert "semantic_privacy_gap" in row and "semantic_privacy_chance" in row
+    # the page is rendered from the JSON written (command, commit, tables, reading)
+    page = (res / "results.md").read_text()
+    assert page == run_page(data) and "**Leakage**" in page and "not in this run" not in page
+    assert data["commit"] and f"commit {data['commit']}" in page and data["command"] in page
     assert (res / "privacy_utility.png").read_bytes()[:4] == b"\x89PNG"
     assert "| known | Prefix tuning + masking |" in capsys.readouterr().out
 

@@ -67,7 +67,8 @@ def test_summarize_table_and_plot(tmp_path) -> None:
     assert icl["pipp"]["mean"] == pytest.approx(0.2) and icl["pipp"]["n"] == 3
     assert "mauve" not in summary[0]
     md = table(summary)
-    assert "| known | ICL | – | 20.0 ± 24.8 |" in md  # percent, t-interval over 3 seeds (no outputs recorded)
+    # percent; no outputs recorded: Student's t over the 3 seeds (20.0 ± 24.8), cut at 0
+    assert "| known | ICL | – | 20.0 [0.0, 44.8] |" in md and "PIPP %: Student's t" in md
     assert "| known | Baseline (ICL, no codes) | – | 50.0 |" in md  # one seed: no interval
     plot(summary, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
@@ -91,29 +92,117 @@ def test_dp_rows_state_their_unit_and_the_not_private_stamp() -> None:
     assert "(per note)" in dp4 and "NOT PRIVATE" in dp4
 
 
-def test_bootstrap_ci_matches_the_binomial_interval_and_pools_seeds():
+def test_proportion_intervals_match_known_values() -> None:
+    from ctrlgen.intervals import clopper_pearson, wilson
+
+    # 0 of n: the upper bound, never 0 +- 0 (the exact bound is 1 - 0.025 ** (1 / n))
+    assert wilson(0, 96) == (0.0, pytest.approx(0.0385, abs=5e-5))
+    assert clopper_pearson(0, 96) == (0.0, pytest.approx(1 - 0.025 ** (1 / 96), abs=1e-9))  # 3.77%
+    assert clopper_pearson(0, 24)[1] == pytest.approx(0.1425, abs=5e-5)  # 14.2% at 24 outputs
+    # textbook values: 5 of 10 and 0 of 10
+    assert wilson(5, 10) == (pytest.approx(0.2366, abs=5e-5), pytest.approx(0.7634, abs=5e-5))
+    assert clopper_pearson(5, 10) == (pytest.approx(0.1871, abs=5e-5), pytest.approx(0.8129, abs=5e-5))
+    assert wilson(0, 10)[1] == pytest.approx(0.2775, abs=5e-5) and clopper_pearson(0, 10)[1] == pytest.approx(
+        0.3085, abs=5e-5
+    )
+    # 1 of 96: the exact interval from the beta quantiles (scipy's, as computed once)
+    assert clopper_pearson(1, 96) == (pytest.approx(0.000264, abs=1e-6), pytest.approx(0.05667, abs=1e-5))
+    for k, n in ((1, 96), (17, 96), (3, 7)):  # never outside [0, 1], symmetric in k <-> n - k
+        lo, hi = clopper_pearson(k, n)
+        lo2, hi2 = clopper_pearson(n - k, n)
+        assert 0 < lo < k / n < hi < 1 and (lo, hi) == (pytest.approx(1 - hi2), pytest.approx(1 - lo2))
+        wlo, whi = wilson(k, n)
+        assert 0 < wlo < k / n < whi < 1 and (whi - wlo) < (hi - lo)  # Wilson is the narrower
+    assert clopper_pearson(96, 96)[1] == 1.0 and wilson(96, 96)[1] == 1.0
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        clopper_pearson(5, 4)
+
+
+def test_cluster_bootstrap_resamples_whole_clusters() -> None:
     import random
 
-    from ctrlgen.experiment import bootstrap_ci
+    from ctrlgen.intervals import cluster_bootstrap, cluster_bootstrap_diff
 
     rng = random.Random(0)
-    groups = [[float(rng.random() < 0.3) for _ in range(32)] for _ in range(3)]  # 96 outputs, 3 seeds
-    m, h = bootstrap_ci(groups, seed=1)
-    p = sum(map(sum, groups)) / 96
-    assert m == pytest.approx(p) and h == pytest.approx(1.96 * (p * (1 - p) / 96) ** 0.5, rel=0.15)
-    assert h <= 0.10  # 96 outputs bound a proportion's half-width by 10 points
-    assert bootstrap_ci([[1.0] * 10, [1.0] * 5]) == (1.0, 0.0)
-    assert bootstrap_ci([[0.5]])[0] == 0.5 and bootstrap_ci([[]])[0] != bootstrap_ci([[]])[0]  # NaN when empty
-    assert bootstrap_ci(groups, seed=1) == (m, h)  # seeded
+    base = [rng.random() for _ in range(30)]
+    once = cluster_bootstrap(base, list(range(30)), seed=1)
+    # every value 4 times, as when one note is attacked in 4 seeds: as items, 120 "independent" values
+    values = [v for v in base for _ in range(4)]
+    as_items = cluster_bootstrap(values, list(range(120)), seed=1)
+    as_clusters = cluster_bootstrap(values, [i // 4 for i in range(120)], seed=1)
+    width = lambda t: t[2] - t[1]  # noqa: E731
+    assert as_items[0] == as_clusters[0] == pytest.approx(sum(base) / 30)
+    assert width(as_clusters) == pytest.approx(width(once), rel=0.15)  # 30 clusters carry 30 values' information
+    assert width(as_items) == pytest.approx(width(once) / 2, rel=0.2)  # item resampling: too narrow by sqrt(4)
+    assert cluster_bootstrap(values, [i // 4 for i in range(120)], seed=1) == as_clusters  # seeded
+    m, lo, hi = cluster_bootstrap([0.2, 0.4], ["a", "a"])  # one cluster: no interval
+    assert m == pytest.approx(0.3) and math.isnan(lo) and math.isnan(hi)
+    assert cluster_bootstrap([1.0] * 6, list("aabbcc"))[1:] == (1.0, 1.0)
+    with pytest.raises(ValueError, match="cluster ids"):
+        cluster_bootstrap([1.0, 2.0], ["a"] * 3)
+    # a difference of means: contains the true difference, and 0 when both samples come from one distribution
+    a = [rng.gauss(0.9, 0.05) for _ in range(60)]
+    b = [rng.gauss(0.5, 0.05) for _ in range(60)]
+    d, lo, hi = cluster_bootstrap_diff(a, list(range(60)), b, list(range(60)))
+    assert lo < 0.4 < hi and d == pytest.approx(sum(a) / 60 - sum(b) / 60)
+    c = [rng.gauss(0.9, 0.05) for _ in range(60)]
+    _, lo, hi = cluster_bootstrap_diff(a, list(range(60)), c, list(range(60)))
+    assert lo < 0 < hi
 
 
-def test_summary_uses_the_bootstrap_where_outputs_are_recorded():
-    from ctrlgen.experiment import summarize, table
+def _cell(seed: int, pipp: list[float], **extra: object) -> dict:
+    return {"setting": "known", "method": "icl_blocking", "seed": seed, "outputs": len(pipp),
+            "pipp": sum(pipp) / len(pipp), "per_output": {"pipp": pipp}, **extra}  # fmt: skip
 
-    cells = [{"setting": "known", "method": "icl", "seed": s, "outputs": 4, "pipp": sum(v) / 4, "mauve": 0.5 + s / 10,
-              "per_output": {"pipp": v}} for s, v in enumerate([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])]  # fmt: skip
-    [row] = summarize(cells)
-    assert row["outputs"] == 8 and row["pipp"]["ci"] == "bootstrap" and row["pipp"]["n"] == 8
-    assert row["pipp"]["mean"] == pytest.approx(3 / 8) and row["mauve"]["n"] == 2 and "ci" not in row["mauve"]
+
+def test_zero_of_n_shows_its_upper_bound_and_counts_are_recovered_without_per_output_values() -> None:
+    [row] = summarize([_cell(s, [0.0] * 32) for s in range(3)])
+    assert (row["pipp"]["k"], row["pipp"]["n"], row["pipp"]["ci"]) == (0, 96, "exact")
+    assert row["pipp"]["lo"] == 0.0 and row["pipp"]["hi"] == pytest.approx(0.0377, abs=5e-5)
     md = table([row])
-    assert "| known | ICL | 8 | 37.5 ± " in md and "† stratified bootstrap" in md
+    assert "| 0.0 [0.0, 3.8] |" in md and "± 0.0" not in md and "Clopper-Pearson" in md
+    # an older cell without per-output values: k from the rate and the output count; ctx_1 the same way
+    old = [{"setting": "known", "method": "icl", "seed": s, "outputs": 32, "pipp": r, "ctx_1": 1 / 32}
+           for s, r in enumerate([1 / 32, 0.0, 2 / 32])]  # fmt: skip
+    [row] = summarize(old)
+    assert (row["pipp"]["k"], row["pipp"]["n"]) == (3, 96) and (row["ctx_1"]["k"], row["ctx_1"]["n"]) == (3, 96)
+    assert row["pipp"]["lo"] > 0  # 3 of 96: a positive lower bound, never a negative one
+
+
+def test_per_record_scores_are_bootstrapped_by_patient_and_read_against_their_chance_level() -> None:
+    """The attacked notes' scores are resampled by patient (the same patient attacked in every seed is one
+    cluster); the held-out notes give the chance level and the gap; a run without clusters falls back to t."""
+    import random
+
+    rng = random.Random(3)
+    cells = []
+    for s in range(3):
+        patients = [f"p{i // 2}" for i in range(20)]  # 10 patients, 2 notes each, the same every seed
+        per_record = {"cluster": patients, "linkable": [True] * 20, "correct": [i < 5 for i in range(20)],
+                      "semantic_privacy": [rng.uniform(0.3, 0.5) for _ in range(20)],
+                      "lexical_privacy": [rng.uniform(0.6, 0.8) for _ in range(20)]}  # fmt: skip
+        chance = {"cluster": [f"h{i}" for i in range(16)], "semantic_privacy": [rng.uniform(0.8, 1.0) for _ in range(16)],
+                  "lexical_privacy": [rng.uniform(0.85, 0.95) for _ in range(16)]}  # fmt: skip
+        cells.append({"setting": "known", "method": "anon_llm", "seed": s, "outputs": 20, "sem_linkable": 20,
+                      "sem_link": 0.25, "sem_link_chance": 0.05, "per_record": per_record, "per_record_chance": chance,
+                      "semantic_privacy": sum(per_record["semantic_privacy"]) / 20,
+                      "lexical_privacy": sum(per_record["lexical_privacy"]) / 20})  # fmt: skip
+    [row] = summarize(cells)
+    sp = row["semantic_privacy"]
+    assert sp["ci"] == "cluster" and sp["clusters"] == 10 and sp["n"] == 60 and sp["lo"] < sp["mean"] < sp["hi"]
+    assert (row["sem_link"]["k"], row["sem_link"]["n"], row["sem_link"]["ci"]) == (15, 60, "exact")
+    assert row["sem_link_chance"]["mean"] == pytest.approx(0.05)
+    chance, gap = row["semantic_privacy_chance"], row["semantic_privacy_gap"]
+    assert chance["clusters"] == 16 and 0.8 < chance["mean"] < 1.0
+    assert gap["mean"] == pytest.approx(chance["mean"] - sp["mean"]) and 0.3 < gap["lo"] < gap["mean"] < gap["hi"]
+    md = table([row])
+    assert "cluster bootstrap" in md and "chance level minus score" in md
+    # the same cells without cluster ids or held-out notes (an older run): t over the seeds, "not in this run"
+    for c in cells:
+        c.pop("per_record_chance")
+        c.pop("sem_link_chance")
+        c["per_record"].pop("cluster")
+    [old] = summarize(cells)
+    assert old["semantic_privacy"]["ci"] == "t" and "semantic_privacy_chance" not in old
+    assert old["sem_link"]["ci"] == "exact"  # linkable / correct still give k of n
+    assert table([old]).count("not in this run") == 4  # semantic linkage, lexical and semantic chance, the gap
