@@ -797,6 +797,12 @@ class ExperimentConfig(_Model):
     canary_repeats: list[int] = Field(
         default_factory=lambda: [1, 2, 4, 8], min_length=1, description="Plantings of the i-th canary (cycled)."
     )
+    canary_in_code: bool = Field(
+        True,
+        description="List each canary in its host's control code like any other private value (true), or keep "
+        "it out of the code (false: the model is never told the secret, so it can only memorise it, not copy "
+        "it from the prompt; ctrlgen.metrics.canary).",
+    )
     canary_candidates: int = Field(499, ge=1, description="Other secrets each canary is ranked against.")
     test_documents: int = Field(
         24, ge=2, description="Real test-split documents for perplexity and MAUVE (seeded sample)."

@@ -445,12 +445,13 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
         elig = ray.data.read_parquet(str(splits["known"]["train"])).select_columns(_DOC_COLUMNS)
         ft_ids = {r["doc_id"] for r in seeded_sample(elig.map_batches(has_code, batch_format="pyarrow"),
                                                      x.finetune_documents, x.split_seed, "finetune", ["doc_id"])}  # fmt: skip
-        planted_known = insert_canaries([r for r in known_train if r["doc_id"] in ft_ids], canaries, x.split_seed)
+        planted_known = insert_canaries([r for r in known_train if r["doc_id"] in ft_ids], canaries, x.split_seed,
+                                        x.canary_in_code)  # fmt: skip
         real_ft = {r["doc_id"]: RealDoc.from_row(r) for r in planted_known}
         planted["known"] = planted_known
         for setting in settings:
             rows = planted_known if setting == "known" else insert_canaries(
-                _rows(splits[setting]["train"], ft_ids), canaries, x.split_seed)  # fmt: skip
+                _rows(splits[setting]["train"], ft_ids), canaries, x.split_seed, x.canary_in_code)  # fmt: skip
             if len(rows) != len(ft_ids):
                 raise CtrlgenError(f"{setting}: {len(rows)} of the {len(ft_ids)} fine-tuning notes found")
             planted[setting] = rows

@@ -3,7 +3,10 @@
 A canary is a sentence with a random secret (``Medical record number 482913.``)
 planted into ``repeats`` training documents before fine-tuning. It is marked as a
 private entity (CODE, DIRECT, source ``canary``) in those documents, so the masked
-loss treats it like any other private value. After training, the model's
+loss treats it like any other private value. By default the host's control code lists
+it like any other private value; ``in_code=False`` leaves it out of the code (a secret the
+model is never told, Carlini et al.'s setting: with the secret in the prompt a model can
+copy it instead of memorising it, and exposure, measured without it, shows neither). After training, the model's
 negative log-likelihood of the canary sentence is ranked among the same sentence
 with ``n_candidates`` other random secrets of the same shape:
 
@@ -61,12 +64,15 @@ def make_canaries(n: int, seed: int, repeats: Sequence[int] = (1,)) -> list[Cana
     return [Canary(s, int(repeats[i % len(repeats)])) for i, s in enumerate(secrets)]
 
 
-def insert_canaries(rows: Sequence[dict[str, Any]], canaries: Sequence[Canary], seed: int) -> list[dict[str, Any]]:
+def insert_canaries(
+    rows: Sequence[dict[str, Any]], canaries: Sequence[Canary], seed: int, in_code: bool = True
+) -> list[dict[str, Any]]:
     """Extraction rows with the canaries planted at the start of seeded host documents.
 
     Each planting uses a different host; the host's entity offsets shift, the secret
-    becomes a CODE entity and the control code is rebuilt. Raises when there are
-    fewer rows than plantings.
+    becomes a CODE entity and the control code is rebuilt (listing the secret, or with
+    ``in_code=False`` the host's other entities only). Raises when there are fewer rows
+    than plantings.
     """
     plantings = [c for c in canaries for _ in range(c.repeats)]
     if len(plantings) > len(rows):
@@ -85,7 +91,7 @@ def insert_canaries(rows: Sequence[dict[str, Any]], canaries: Sequence[Canary], 
         ents = [planted, *moved]
         r["text"] = head + r["text"]
         r["entities"] = [e.to_row() for e in ents]
-        r["control_code"] = format_control_code(build_control_code(ents))
+        r["control_code"] = format_control_code(build_control_code(ents if in_code else moved))
     return out
 
 

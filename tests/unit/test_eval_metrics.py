@@ -143,6 +143,11 @@ def test_insert_canaries_shifts_entities_and_marks_secret() -> None:
     assert rows[0]["text"] == "Seen by Smith."  # inputs untouched
     with pytest.raises(ValueError, match="plantings"):
         insert_canaries(rows[:2], can, seed=0)
+    # Out of the code: the same plantings and private spans, the hosts' codes as before.
+    hidden = insert_canaries(rows, can, seed=0, in_code=False)
+    assert [r["text"] for r in hidden] == [r["text"] for r in out]
+    assert [r["entities"] for r in hidden] == [r["entities"] for r in out]
+    assert all(r["control_code"] == "PERSON: Smith" for r in hidden)
 
 
 def test_exposure_rank_extremes() -> None:
