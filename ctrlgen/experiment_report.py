@@ -394,7 +394,7 @@ def render_page(spec_path: str | Path) -> str:
     run (its results JSON and plot, paths relative to the spec), the reproducibility checks."""
     spec_path = Path(spec_path)
     spec, runs = _spec(spec_path)
-    lines = [f"# {spec['title']}", "", _GENERATED.format(spec=f"`{spec_path.as_posix()}`"), ""]
+    lines = [f"# {spec['title']}", "", _GENERATED.format(spec=f"`{spec_path.parent.name}/{spec_path.name}`"), ""]
     if spec.get("intro"):
         lines += [check_note(spec["intro"], "intro"), ""]
     for run, data in runs:
