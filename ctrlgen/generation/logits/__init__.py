@@ -1,0 +1,1 @@
+"""Logits stages as tensors in, tensors out: per-row blocking automata and counter-keyed sampling."""

@@ -1,0 +1,290 @@
+"""Per-row hard token blocking on the device: each row's banned sequences as an Aho-Corasick automaton.
+
+Semantics are those of transformers' ``bad_words_ids`` (``NoBadWordsLogitsProcessor``) and of
+:class:`~ctrlgen.generation.blocking.RowBannedTokens` (the reference): a banned sequence ``s`` bans its last
+token when the row's last ``len(s) - 1`` tokens (prompt included) equal ``s[:-1]``; a one-token sequence bans
+its token at every step.
+
+:func:`compile_banned` builds, on the host and once per distinct list, a trie of the sequences with failure
+links. The automaton's state after a row's history is the longest suffix of that history that is a trie
+node; the suffixes of the history that are trie nodes are exactly the state's failure chain, so the tokens
+banned next are the *terminal* children of the nodes on that chain. They are precomputed per node:
+
+* the root's (one-token sequences) are a fixed ``[vocab]`` mask of the row;
+* the others are a short list per node (CSR: ``ban_off``, ``ban_tok``).
+
+:class:`BanTables` holds every slot's tables as padded tensors; each decode step :meth:`BanTables.apply`
+masks the banned tokens with one gather and one scatter, and :meth:`BanTables.advance` moves every row's
+state on the device (``searchsorted`` over the slot's sorted edge keys, following failure links a fixed
+number of times). There is no cap on sequences per row and no host sync per step; the cost per step does
+not depend on how many sequences a row bans.
+
+Example:
+    >>> import torch
+    >>> tabs = BanTables(slots=2, vocab=8, device="cpu")
+    >>> tabs.load(0, compile_banned([[5], [1, 2]], 8), initial_state_of=[0, 1])
+    >>> tabs.load(1, compile_banned([[3, 4]], 8), initial_state_of=[0, 3])
+    >>> scores = tabs.apply(torch.zeros(2, 8))
+    >>> (scores[0] == float("-inf")).nonzero().flatten().tolist(), (scores[1] == float("-inf")).nonzero().flatten().tolist()
+    ([2, 5], [4])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["BanTables", "CompiledBans", "compile_banned"]
+
+
+@dataclass(frozen=True)
+class CompiledBans:
+    """One row's automaton (host tensors, int64). Node 0 is the root.
+
+    Attributes:
+        edge_keys: sorted ``node * vocab + token`` of every trie edge.
+        edge_next: the child node of each edge.
+        fail: ``[nodes]`` failure link of each node (the root's is the root).
+        ban_off: ``[nodes + 1]`` CSR offsets into ``ban_tok`` (the root's list is empty: see ``root_bans``).
+        ban_tok: tokens banned at each non-root node (terminal children along its failure chain, root excluded).
+        root_bans: tokens banned at every step (one-token sequences).
+        depth: the deepest node's depth (failure links followed per step: ``depth + 1`` lookups at most).
+        vocab: the vocabulary size the keys were made with.
+    """
+
+    edge_keys: torch.Tensor
+    edge_next: torch.Tensor
+    fail: torch.Tensor
+    ban_off: torch.Tensor
+    ban_tok: torch.Tensor
+    root_bans: torch.Tensor
+    depth: int
+    vocab: int
+    goto_host: dict[tuple[int, int], int]  # (node, token) -> child, for the host-side initial state
+    fail_host: list[int]
+
+    @property
+    def nodes(self) -> int:
+        return int(self.fail.shape[0])
+
+    @property
+    def max_bans(self) -> int:
+        """The longest per-node ban list."""
+        if self.nodes <= 1:
+            return 0
+        return int((self.ban_off[1:] - self.ban_off[:-1]).max())
+
+    def state_after(self, tokens: Sequence[int]) -> int:
+        """The automaton state after ``tokens`` (only the last ``depth`` matter), computed on the host."""
+        q = 0
+        for t in tokens[-self.depth :] if self.depth else ():
+            q = self._goto(q, int(t))
+        return q
+
+    def _goto(self, q: int, t: int) -> int:
+        while True:
+            nxt = self.goto_host.get((q, t))
+            if nxt is not None:
+                return nxt
+            if q == 0:
+                return 0
+            q = self.fail_host[q]
+
+
+def compile_banned(banned: Sequence[Sequence[int]], vocab: int) -> CompiledBans:
+    """The automaton of one row's banned sequences (see module doc).
+
+    Raises:
+        ValueError: a token id outside ``[0, vocab)``.
+    """
+    children: list[dict[int, int]] = [{}]  # node -> token -> child; the nodes are the sequences' proper prefixes
+    terminal: list[set[int]] = [set()]  # node -> tokens t such that node + [t] is a banned sequence
+    depth = [0]
+    for s in banned:
+        if not s:
+            continue
+        bad = [t for t in s if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"banned token ids {bad} outside the vocabulary of {vocab}")
+        q = 0
+        for t in s[:-1]:
+            t = int(t)
+            nxt = children[q].get(t)
+            if nxt is None:
+                nxt = len(children)
+                children[q][t] = nxt
+                children.append({})
+                terminal.append(set())
+                depth.append(depth[q] + 1)
+            q = nxt
+        terminal[q].add(int(s[-1]))
+    n = len(children)
+    fail = [0] * n
+    order: list[int] = []
+    frontier = list(children[0].values())  # depth 1: failure link to the root
+    while frontier:  # breadth first: a node's failure link is resolved before its children's
+        order.extend(frontier)
+        nxt_frontier = []
+        for q in frontier:
+            for t, c in children[q].items():
+                if q != 0:
+                    f = fail[q]
+                    while f != 0 and t not in children[f]:
+                        f = fail[f]
+                    fail[c] = children[f].get(t, 0)  # shallower than c, never c itself
+                nxt_frontier.append(c)
+        frontier = nxt_frontier
+    # Banned tokens per node: terminal children of the node and of its failure chain, root excluded.
+    bans: list[set[int]] = [set() for _ in range(n)]
+    for q in order:  # parents' failure targets are shallower, hence already done
+        bans[q] = terminal[q] | (bans[fail[q]] if fail[q] != 0 else set())
+    keys: list[int] = []
+    nexts: list[int] = []
+    for q in range(n):
+        for t, c in children[q].items():
+            keys.append(q * vocab + t)
+            nexts.append(c)
+    order_keys = sorted(range(len(keys)), key=keys.__getitem__)
+    ban_off = [0]
+    ban_tok: list[int] = []
+    for q in range(n):
+        if q:
+            ban_tok.extend(sorted(bans[q]))
+        ban_off.append(len(ban_tok))
+    goto_host = {(q, t): c for q in range(n) for t, c in children[q].items()}
+    return CompiledBans(
+        edge_keys=torch.tensor([keys[i] for i in order_keys], dtype=torch.int64),
+        edge_next=torch.tensor([nexts[i] for i in order_keys], dtype=torch.int64),
+        fail=torch.tensor(fail, dtype=torch.int64),
+        ban_off=torch.tensor(ban_off, dtype=torch.int64),
+        ban_tok=torch.tensor(ban_tok, dtype=torch.int64),
+        root_bans=torch.tensor(sorted(terminal[0]), dtype=torch.int64),
+        depth=max(depth),
+        vocab=vocab,
+        goto_host=goto_host,
+        fail_host=fail,
+    )
+
+
+_PAD_KEY = torch.iinfo(torch.int64).max
+
+
+class BanTables:
+    """Every slot's automaton as padded device tensors, plus each slot's current state (see module doc).
+
+    Capacities (edges, nodes, ban-list entries, longest per-node list, depth) grow when a loaded row needs
+    more; :attr:`version` changes then, so a captured decode step knows to capture again.
+    """
+
+    edge_keys: torch.Tensor  # [slots, edges] sorted node * vocab + token, padded with int64 max
+    edge_next: torch.Tensor  # [slots, edges]
+    fail: torch.Tensor  # [slots, nodes]
+    ban_off: torch.Tensor  # [slots, nodes + 1]
+    ban_tok: torch.Tensor  # [slots, bans]
+    root_mask: torch.Tensor  # [slots, vocab] bool
+    state: torch.Tensor  # [slots]
+
+    def __init__(self, slots: int, vocab: int, device: torch.device | str) -> None:
+        self.slots, self.vocab, self.device = slots, vocab, torch.device(device)
+        self.version = 0
+        self.any_rows = False
+        self._loaded = False
+        self._alloc(edges=16, nodes=16, bans=16, per_node=1, depth=1)
+
+    def _alloc(self, *, edges: int, nodes: int, bans: int, per_node: int, depth: int) -> None:
+        s, dev = self.slots, self.device
+        new_keys = torch.full((s, edges), _PAD_KEY, dtype=torch.int64, device=dev)
+        new_next = torch.zeros((s, edges), dtype=torch.int64, device=dev)
+        new_fail = torch.zeros((s, nodes), dtype=torch.int64, device=dev)
+        new_off = torch.zeros((s, nodes + 1), dtype=torch.int64, device=dev)
+        new_tok = torch.zeros((s, bans), dtype=torch.int64, device=dev)
+        if self._loaded:  # keep the loaded rows
+            e, n, b = self.edge_keys.shape[1], self.fail.shape[1], self.ban_tok.shape[1]
+            new_keys[:, :e] = self.edge_keys
+            new_next[:, :e] = self.edge_next
+            new_fail[:, :n] = self.fail
+            new_off[:, : n + 1] = self.ban_off
+            new_off[:, n + 1 :] = self.ban_off[:, n : n + 1]
+            new_tok[:, :b] = self.ban_tok
+        else:
+            self.root_mask = torch.zeros((s, self.vocab), dtype=torch.bool, device=dev)
+            self.state = torch.zeros(s, dtype=torch.int64, device=dev)
+            self._loaded = True
+        self.edge_keys, self.edge_next, self.fail, self.ban_off, self.ban_tok = (
+            new_keys, new_next, new_fail, new_off, new_tok
+        )  # fmt: skip
+        self.per_node = per_node
+        self.depth = depth
+        self._arange = torch.arange(per_node, device=dev)
+        self.version += 1
+
+    def load(self, slot: int, bans: CompiledBans | None, initial_state_of: Sequence[int] = ()) -> None:
+        """Put ``bans`` (None: nothing banned) into ``slot``, its state after the tokens ``initial_state_of``."""
+        if bans is not None and bans.vocab != self.vocab:
+            raise ValueError(f"bans compiled for a vocabulary of {bans.vocab}, tables hold {self.vocab}")
+        e = int(bans.edge_keys.shape[0]) if bans is not None else 0
+        n = bans.nodes if bans is not None else 1
+        b = int(bans.ban_tok.shape[0]) if bans is not None else 0
+        k = bans.max_bans if bans is not None else 0
+        d = bans.depth if bans is not None else 0
+        cap_e, cap_n, cap_b = self.edge_keys.shape[1], self.fail.shape[1], self.ban_tok.shape[1]
+        if e > cap_e or n > cap_n or b > cap_b or k > self.per_node or d > self.depth:
+            grow = lambda need, cap: max(cap, 1 << max(need - 1, 1).bit_length())  # noqa: E731
+            self._alloc(edges=grow(e, cap_e), nodes=grow(n, cap_n), bans=grow(b, cap_b),
+                        per_node=grow(k, self.per_node), depth=max(d, self.depth))  # fmt: skip
+        dev = self.device
+        self.edge_keys[slot].fill_(_PAD_KEY)
+        self.edge_next[slot].zero_()
+        self.fail[slot].zero_()
+        self.ban_off[slot].zero_()
+        self.root_mask[slot].zero_()
+        if bans is None:
+            self.state[slot] = 0
+            return
+        self.any_rows = True
+        self.edge_keys[slot, :e] = bans.edge_keys.to(dev, non_blocking=True)
+        self.edge_next[slot, :e] = bans.edge_next.to(dev, non_blocking=True)
+        self.fail[slot, :n] = bans.fail.to(dev, non_blocking=True)
+        self.ban_off[slot, : n + 1] = bans.ban_off.to(dev, non_blocking=True)
+        self.ban_off[slot, n + 1 :] = int(bans.ban_off[-1])
+        if b:
+            self.ban_tok[slot, :b] = bans.ban_tok.to(dev, non_blocking=True)
+        if bans.root_bans.numel():
+            self.root_mask[slot, bans.root_bans.to(dev, non_blocking=True)] = True
+        self.state[slot] = bans.state_after(initial_state_of)
+
+    def mask(self) -> torch.Tensor:
+        """``[slots, vocab]`` True where the next token is banned for that slot."""
+        start = self.ban_off.gather(1, self.state[:, None])  # [slots, 1]
+        end = self.ban_off.gather(1, self.state[:, None] + 1)
+        idx = start + self._arange[None, :]  # [slots, per_node]
+        valid = idx < end
+        tok = self.ban_tok.gather(1, idx.clamp(max=self.ban_tok.shape[1] - 1))
+        tok = torch.where(valid, tok, torch.full_like(tok, self.vocab))  # the extra column takes the misses
+        extra = torch.zeros((self.slots, self.vocab + 1), dtype=torch.bool, device=self.device)
+        extra.scatter_(1, tok, True)
+        return extra[:, : self.vocab] | self.root_mask
+
+    def apply(self, scores: torch.Tensor) -> torch.Tensor:
+        """``scores`` ``[slots, vocab]`` with every banned next token at -inf (in place)."""
+        return scores.masked_fill_(self.mask(), float("-inf"))
+
+    def advance(self, tokens: torch.Tensor, active: torch.Tensor | None = None) -> None:
+        """Move every slot's state past its new token ``tokens`` ``[slots]`` (rows not ``active`` keep theirs)."""
+        q = self.state
+        nxt = torch.zeros_like(q)
+        found = torch.zeros_like(q, dtype=torch.bool)
+        cap = self.edge_keys.shape[1] - 1
+        tok = tokens.to(torch.int64)
+        for _ in range(self.depth + 1):  # failure links shorten the match by >= 1 each: depth + 1 lookups
+            key = (q * self.vocab + tok)[:, None]
+            pos = torch.searchsorted(self.edge_keys, key).clamp(max=cap)
+            hit = (self.edge_keys.gather(1, pos) == key)[:, 0]
+            child = self.edge_next.gather(1, pos)[:, 0]
+            nxt = torch.where(hit & ~found, child, nxt)
+            found = found | hit
+            q = self.fail.gather(1, q[:, None])[:, 0]
+        new = nxt if active is None else torch.where(active, nxt, self.state)
+        self.state.copy_(new)
