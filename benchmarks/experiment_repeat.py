@@ -8,8 +8,8 @@ Runs ``ctrlgen experiment -c configs/experiment_compare.yaml`` twice into ``OUT/
 (about 8 min a run on the 2-core machine). Extra ``key=value`` arguments are passed to both runs, after
 the defaults (``experiment.seeds=[0,1,2]`` widens it). ``--compare A B`` only compares two existing runs.
 
-Compared: every value of ``results/results.json`` but the wall time and the resolved config (NaN equals
-NaN), and every generated text (by note and mode) under ``runs/*/gen-*/generated``. Prints what differs.
+Compared: every value of ``results/results.json`` but the wall time, the resolved config and how the run was
+launched (its command line, which names its output directory, and its date; NaN equals NaN), and every generated text (by note and mode) under ``runs/*/gen-*/generated``. Prints what differs.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def _texts(run: Path) -> dict[tuple[str, str, str], str]:
 
 def compare(a: Path, b: Path) -> bool:
     ra, rb = (json.loads((r / "results" / "results.json").read_text()) for r in (a, b))
-    fa, fb = (_flat({k: v for k, v in r.items() if k not in ("config", "minutes")}) for r in (ra, rb))
+    fa, fb = (
+        _flat({k: v for k, v in r.items() if k not in ("config", "minutes", "command", "date")}) for r in (ra, rb)
+    )
     keys = sorted(set(fa) | set(fb))
     diff = [k for k in keys if not _same(fa.get(k), fb.get(k))]
     print(f"results.json: {len(keys)} values, {len(keys) - len(diff)} equal, {len(diff)} differ")
