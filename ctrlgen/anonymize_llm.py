@@ -29,7 +29,7 @@ tags (:func:`ctrlgen.anonymize.anonymize` semantics), ``withhold`` releases noth
 releases it as is. Counts of rounds, hits and fallbacks are reported, never values.
 
 The model is any :class:`~ctrlgen.generation.engine.GenerationEngine`: the built-in SmolLM2
-(or any HF causal LM) through :class:`~ctrlgen.generation.engine.HFEngine`, or an
+(or any HF causal LM) through the engine ``model.engine`` names (``ctrlgen.generation.factory``), or an
 OpenAI-compatible completions endpoint (a vLLM server, or ctrlgen's own Serve ``/v1/completions``)
 through :class:`~ctrlgen.generation.remote.OpenAICompletionsEngine`. All notes of a batch go to
 the engine together, one call per phase and round.

@@ -74,8 +74,8 @@ class GenerateActor:
         import torch
 
         from ctrlgen.fictional import FictionalCodes
-        from ctrlgen.generation.engine import HFEngine
-        from ctrlgen.generation.icl import build_pool
+        from ctrlgen.generation.factory import build_engine
+        from ctrlgen.generation.icl import PREFIX_ADAPTER, build_pool
         from ctrlgen.models import load_causal_lm
 
         self.cfg = CtrlgenConfig.model_validate_json(cfg_json)
@@ -84,15 +84,16 @@ class GenerateActor:
             torch.set_num_threads(g.torch_threads)
         model_cfg = self.cfg.model if g.dtype is None else self.cfg.model.model_copy(update={"dtype": g.dtype})
         model, self.tokenizer = load_causal_lm(model_cfg)
-        self.engine = HFEngine(model, self.tokenizer, g.sampling, g.batch_size)
-        self.prefix_engine = None
+        adapters = {}
         if adapter is not None:
             from ctrlgen.training.prefix import load_prefix_model
 
             # The PEFT model generates with the learned prefix (the bare base model would skip it);
-            # prompt learning leaves the base model itself untouched for the other modes.
-            tuned = load_prefix_model(model, storage.local_copy(adapter))  # an s3:// adapter is downloaded
-            self.prefix_engine = HFEngine(tuned, self.tokenizer, g.sampling, g.batch_size)
+            # prompt learning leaves the base model itself untouched for the other modes. The engine holds
+            # the adapter under PREFIX_ADAPTER: prefix rows and base-model rows share its batches.
+            adapters[PREFIX_ADAPTER] = load_prefix_model(model, storage.local_copy(adapter))  # s3:// is downloaded
+        self.engine = build_engine(model, self.tokenizer, g.sampling, model_cfg=model_cfg, batch_size=g.batch_size,
+                                   adapters=adapters)  # fmt: skip
         self.finetune = _resolve_index(finetune)  # one automaton, built by the driver, for every batch
         self.pool = build_pool(pool_rows, self.tokenizer, g.max_context_tokens)
         if isinstance(exclude, ray.ObjectRef):  # the corpus' values, merged by a task, fetched once
@@ -114,7 +115,7 @@ class GenerateActor:
         cfg = self.cfg.generation
         out = generate_rows(
             rows, self.pool, self.engine, self.tokenizer, cfg, self.fictional, progress,
-            prefix_engine=self.prefix_engine, finetune_values=self.finetune,
+            finetune_values=self.finetune,
         )  # fmt: skip
         record_generate(out)
         return out

@@ -1,8 +1,9 @@
 """The service's model-side deployments: thin adapters that load resources once per replica and call the core.
 
-* :class:`Generator` - ``SynthesisPlanner`` (ICL contexts, fictional codes) + ``HFEngine`` +
-  ``gated_generate``: every output of every request goes through one ``@serve.batch`` queue,
-  so concurrent requests share engine calls; each output keeps its own seed and banned list.
+* :class:`Generator` - ``SynthesisPlanner`` (ICL contexts, fictional codes) + the engine ``model.engine`` names
+  (the fast engine by default, every prefix adapter registered on it) + ``gated_generate``: every output of
+  every request goes through one ``@serve.batch`` queue, so concurrent requests share engine calls (base-model
+  and adapter rows in the same call); each output keeps its own seed, banned list and adapter.
 * :class:`Extractor` - ``extract_rows`` with the known spans a request sends, or the
   configured unknown-setting (Presidio) engine; documents batched across requests.
 * :class:`ScorerShard` / :class:`Scorer` - one ``ReferenceShard`` per shard deployment; the
@@ -16,6 +17,7 @@ log lines carry ids, counts and timings.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -98,10 +100,10 @@ class Generator:
         )  # fmt: skip
 
     def _load_models(self, cfg: CtrlgenConfig) -> Any:
-        """On the engine thread: the base model, one engine per prefix adapter; returns the tokenizer."""
+        """On the engine thread: the base model and its engine, every prefix adapter on it; returns the tokenizer."""
         import torch
 
-        from ctrlgen.generation.engine import HFEngine
+        from ctrlgen.generation.factory import build_engine
         from ctrlgen.generation.report import finetune_values
         from ctrlgen.models import load_causal_lm
 
@@ -109,9 +111,7 @@ class Generator:
         if sv.torch_threads:
             torch.set_num_threads(sv.torch_threads)
         model, tokenizer = load_causal_lm(cfg.model)
-        self.engines: dict[str | None, HFEngine] = {
-            None: HFEngine(model, tokenizer, g.sampling, sv.generator_batch_size)
-        }
+        adapters: dict[str, Any] = {}
         self.finetune: dict[str, ValueIndex] = {}
         if sv.adapters:
             from ctrlgen.training.prefix import load_prefix_model
@@ -119,10 +119,11 @@ class Generator:
             for name, path in sv.adapters.items():
                 # Prefix tuning leaves the base model untouched: each adapter wraps the same weights.
                 # A local path or a URI (an s3:// adapter is downloaded once, here).
-                self.engines[name] = HFEngine(
-                    load_prefix_model(model, storage.local_copy(path)), tokenizer, g.sampling, sv.generator_batch_size
-                )
+                adapters[name] = load_prefix_model(model, storage.local_copy(path))
                 self.finetune[name] = ValueIndex(finetune_values(storage.join(storage.parent(path), "train_data")))
+        self.engine = build_engine(model, tokenizer, g.sampling, model_cfg=cfg.model,
+                                   batch_size=sv.generator_batch_size, adapters=adapters)  # fmt: skip
+        self.tokenizer = tokenizer
         return tokenizer
 
     def adapters(self) -> list[str]:
@@ -193,7 +194,7 @@ class Generator:
             for i, p in enumerate(req["prompts"])
         ]  # fmt: skip
         done = await asyncio.gather(*(self._batch(it) for it in items))
-        tok = self.engines[None].tokenizer
+        tok = self.tokenizer
         prompt_tokens = sum(len(ids) for ids in tok(req["prompts"], add_special_tokens=False)["input_ids"])
         m = metrics()
         choices = []
@@ -220,21 +221,14 @@ class Generator:
     def _run(self, items: list[_Item]) -> list[Any]:
         from ctrlgen.generation.gate import gated_generate
 
-        out: list[Any] = [None] * len(items)
-        groups: dict[str | None, list[int]] = {}
-        for i, it in enumerate(items):
-            groups.setdefault(it.adapter, []).append(i)
-        for adapter, idx in groups.items():  # one engine call per model (the base, or each prefix adapter)
-            gated = gated_generate(
-                self.engines[adapter],
-                [items[i].work.request for i in idx],
-                [items[i].work.known for i in idx],
-                max_retries=self.gate.max_retries,
-                enabled=[items[i].gate for i in idx],
-            )
-            for i, g in zip(idx, gated, strict=True):
-                out[i] = g
-        return out
+        # One engine call for the whole batch: each request names its adapter (None: the base model).
+        return gated_generate(
+            self.engine,
+            [dataclasses.replace(it.work.request, adapter=it.adapter) for it in items],
+            [it.work.known for it in items],
+            max_retries=self.gate.max_retries,
+            enabled=[it.gate for it in items],
+        )
 
 
 @serve.deployment(name="Extractor", max_ongoing_requests=32)

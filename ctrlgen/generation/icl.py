@@ -12,7 +12,8 @@ columns of :data:`GENERATED_SCHEMA`. For every target document:
   with every private value of the contexts hard-blocked (with its variants,
   :mod:`ctrlgen.variants`; context values carry their control-code category);
 * ``prefix`` prompts with the fictional code alone (:func:`~ctrlgen.prompts.prefix_prompt`)
-  through ``prefix_engine``, the prefix-tuned model; it has no contexts, and its
+  through the prefix adapter :data:`PREFIX_ADAPTER` of the engine (or a separate
+  ``prefix_engine``, the prefix-tuned model); it has no contexts, and its
   outputs are checked against the private values of the whole fine-tuning set
   (``finetune_values``), the fine-tuning definition of leakage;
 * the release gate runs on the modes configured for it.
@@ -24,6 +25,7 @@ dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import time
@@ -46,6 +48,7 @@ from ctrlgen.variants import code_items
 
 __all__ = [
     "GENERATED_SCHEMA",
+    "PREFIX_ADAPTER",
     "ContextDoc",
     "ModeRequest",
     "build_pool",
@@ -55,6 +58,9 @@ __all__ = [
     "row_seed",
     "select_pool",
 ]
+
+#: The adapter name the prefix mode's requests carry (the engine holds the prefix-tuned model under it).
+PREFIX_ADAPTER = "prefix"
 
 GENERATED_SCHEMA = pa.schema(
     [
@@ -171,7 +177,8 @@ def mode_request(
         known = as_index(finetune_values)
     else:
         known = tuple(sorted({v for c in contexts for v in c.values}))
-    req = GenerationRequest(prompt, banned, seed, tuple(stop_strings(mode)), max_new_tokens)
+    adapter = PREFIX_ADAPTER if mode == "prefix" else None
+    req = GenerationRequest(prompt, banned, seed, tuple(stop_strings(mode)), max_new_tokens, adapter)
     return ModeRequest(req, known)
 
 
@@ -204,7 +211,7 @@ def generate_rows(
     icl_modes = [m for m in cfg.modes if m != "prefix"]
     if icl_modes and len(pool) < cfg.n_context + 1:
         raise CtrlgenError(f"context pool has {len(pool)} documents; need at least {cfg.n_context + 1}")
-    if "prefix" in cfg.modes and prefix_engine is None:
+    if "prefix" in cfg.modes and prefix_engine is None and PREFIX_ADAPTER not in getattr(engine, "adapters", {}):
         raise CtrlgenError("the prefix mode needs the prefix-tuned model (generation.adapter)")
     # Built once per call when given as values; callers with many batches pass a ValueIndex.
     finetune = as_index(finetune_values) if "prefix" in cfg.modes else ValueIndex(())
@@ -235,9 +242,11 @@ def generate_rows(
 
     # Per model: the requests of every mode it serves in one engine call (the ICL modes of a target share
     # their prompt, so the engine computes its prefill once), their known values and the row skeletons.
+    # With one engine holding the prefix adapter, every mode goes into one call (rows of the base model and of the
+    # adapter share the engine's batches); a separate prefix engine (the reference) gets its own call.
     groups: dict[str, list[str]] = {}
     for m in cfg.modes:
-        groups.setdefault("prefix" if m == "prefix" else "base", []).append(m)
+        groups.setdefault("prefix" if m == "prefix" and prefix_engine is not None else "base", []).append(m)
     for model_key, modes in groups.items():
         requests: list[GenerationRequest] = []
         known: list[tuple[str, ...] | ValueIndex] = []
@@ -258,7 +267,10 @@ def generate_rows(
                      "fictional_code": fake if mode != "baseline" else "", "context_values": [] if prefix else values}
                 )  # fmt: skip
         t0 = time.perf_counter()
-        eng = prefix_engine if model_key == "prefix" and prefix_engine is not None else engine
+        eng = engine
+        if model_key == "prefix" and prefix_engine is not None:  # the prefix engine's own model is the tuned one
+            eng = prefix_engine
+            requests = [dataclasses.replace(r, adapter=None) for r in requests]
         gated = gated_generate(eng, requests, known, max_retries=cfg.gate.max_retries, enabled=gate_on)
         secs = time.perf_counter() - t0
         if progress is not None:

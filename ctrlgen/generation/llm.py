@@ -3,7 +3,8 @@
 :func:`build_engine` turns an :class:`~ctrlgen.config.LLMConfig` into a
 :class:`~ctrlgen.generation.engine.GenerationEngine`: the OpenAI-compatible ``endpoint`` when set
 (:class:`~ctrlgen.generation.remote.OpenAICompletionsEngine`), else an HF causal LM loaded here
-(``cfg.model``, default the config's own model) behind :class:`~ctrlgen.generation.engine.HFEngine`.
+(``cfg.model``, default the config's own model) behind the engine its ``engine`` field names
+(:func:`ctrlgen.generation.factory.build_engine`: the fast engine by default).
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ def build_engine(cfg: LLMConfig, model_cfg: ModelConfig) -> tuple[GenerationEngi
         remote = OpenAICompletionsEngine(cfg.endpoint, cfg.endpoint_model, cfg.sampling, cfg.api_key_env,
                                          concurrency=cfg.concurrency)  # fmt: skip
         return remote, None, None
-    from ctrlgen.generation.engine import HFEngine
+    from ctrlgen.generation.factory import build_engine as build_local
     from ctrlgen.models import load_causal_lm
 
-    model, tokenizer = load_causal_lm(cfg.model or model_cfg)
-    engine = HFEngine(model, tokenizer, cfg.sampling, cfg.batch_size)
+    mcfg = cfg.model or model_cfg
+    model, tokenizer = load_causal_lm(mcfg)
+    engine = build_local(model, tokenizer, cfg.sampling, model_cfg=mcfg, batch_size=cfg.batch_size)
 
     def count(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -10,9 +10,9 @@ from ctrlgen.config import GenerationConfig, SamplingConfig, TrainingConfig
 from ctrlgen.fictional import FictionalCodes
 from ctrlgen.generation import GenerationRequest, HFEngine
 from ctrlgen.generation.engine import GenerationResult
-from ctrlgen.generation.icl import generate_rows
+from ctrlgen.generation.icl import generate_rows, row_seed
 from ctrlgen.models import tiny_llama
-from ctrlgen.prompts import prefix_prompt
+from ctrlgen.prompts import prefix_prompt, stop_strings
 from ctrlgen.training import LossWeights
 from ctrlgen.training.data import collate, encode_example
 from ctrlgen.training.prefix import (
@@ -235,3 +235,35 @@ def test_prefix_mode_prompts_with_the_fictional_code_and_measures_against_the_fi
     assert row["leaked"] == ["alice jones"] and row["status"] == "ok"
     with pytest.raises(Exception, match="prefix-tuned model"):
         generate_rows(rows, [], base, tok, cfg, FictionalCodes(0, []))
+
+
+def test_the_fast_engine_runs_the_trained_adapter_beside_the_base_model(trained, tmp_path):
+    """The trained prefix as cached keys/values in the fast engine: greedy outputs equal transformers'
+    generate through the PEFT model, and base-model rows in the same call equal the base model's."""
+    from ctrlgen.generation.engines.fast import FastEngine
+    from ctrlgen.generation.icl import PREFIX_ADAPTER
+
+    model, tok, _ = trained
+    model.save_pretrained(tmp_path / "adapter")
+    base = tiny_llama(seed=3)[0]
+    sampling = SamplingConfig(max_new_tokens=12, temperature=0.0)
+    tuned = load_prefix_model(base, str(tmp_path / "adapter"))
+    fast = FastEngine(base, tok, sampling, slots=3)
+    fast.add_adapter(PREFIX_ADAPTER, tuned)
+    prompts = [prefix_prompt(c) for c, _, _ in DOCS]
+    mixed = fast.generate([GenerationRequest(p, seed=5, adapter=a) for p in prompts for a in (PREFIX_ADAPTER, None)])
+    ref_tuned = HFEngine(tuned, tok, sampling, batch_size=1).generate([GenerationRequest(p, seed=5) for p in prompts])
+    ref_base = HFEngine(base, tok, sampling, batch_size=1).generate([GenerationRequest(p, seed=5) for p in prompts])
+    assert [r.text for r in mixed[0::2]] == [r.text for r in ref_tuned]
+    assert [r.text for r in mixed[1::2]] == [r.text for r in ref_base]
+    # the ICL stage's prefix mode through the adapter of one engine (no separate prefix engine)
+    rows = [{"doc_id": "d1", "control_code": DOCS[0][0]}]
+    table = generate_rows(rows, [], fast, tok, GenerationConfig(modes=["prefix"], sampling=sampling),
+                          FictionalCodes(0, []), finetune_values=["Alice Jones"])  # fmt: skip
+    (row,) = table.to_pylist()
+    assert row["status"] == "ok" and row["mode"] == "prefix"
+    alone = HFEngine(tuned, tok, sampling, batch_size=1).generate(
+        [GenerationRequest(prefix_prompt(row["fictional_code"]), seed=row_seed(0, "d1", "prefix"),
+                           stop=tuple(stop_strings("prefix")))]
+    )  # fmt: skip
+    assert row["text"] == alone[0].text

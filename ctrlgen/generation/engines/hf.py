@@ -51,9 +51,10 @@ class RowSampler:
     A seed gives the same tokens on the same kind of device (CPU and CUDA streams differ).
     """
 
-    def __init__(self, seeds: Sequence[int], temperature: float, top_p: float) -> None:
+    def __init__(self, seeds: Sequence[int], temperature: float, top_p: float, top_k: int = 0) -> None:
         self.temperature = temperature
         self.top_p = top_p
+        self.top_k = top_k
         self.seeds = [int(s) % (2**63) for s in seeds]
         self.generators: list[torch.Generator] = []
 
@@ -69,6 +70,9 @@ class RowSampler:
         if self.temperature == 0:
             return scores
         logits = scores.float() / self.temperature  # [batch, vocab]
+        if 0 < self.top_k < logits.shape[-1]:  # tokens less likely than the k-th are out (ties with it stay)
+            kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
         norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # probabilities over the whole vocabulary
         if self.top_p >= 1.0:  # no nucleus: the whole vocabulary, sorted (the draws of earlier versions)
             top_logits, top_idx = torch.sort(logits, descending=True, dim=-1)
@@ -251,7 +255,8 @@ class HFEngine:
         if any(r.banned for r in batch):
             # In place: generate() is not asked for raw logits here, so nothing else holds the scores.
             processors.append(RowBannedTokens([r.banned for r in batch], vocab, device, inplace=True))
-        processors.append(RowSampler([r.seed for r in batch], self.sampling.temperature, self.sampling.top_p))
+        processors.append(RowSampler([r.seed for r in batch], self.sampling.temperature, self.sampling.top_p,
+                                     self.sampling.top_k))  # fmt: skip
         stops = sorted({s for r in batch for s in r.stop})
         limits = [self.limit(r) for r in batch]
         gen_cfg = GenerationConfig(
