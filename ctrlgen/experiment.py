@@ -12,6 +12,8 @@ privacy-utility plot (the page around them: :mod:`ctrlgen.experiment_report`). E
   levels) where the cells record each item's cluster, the patient of the note an output was made for or of
   the note attacked: whole patients are resampled (:func:`ctrlgen.intervals.cluster_bootstrap`), since
   outputs and attacked notes of one patient, or of one note in several seeds, are not independent;
+* ``canary``: canary exposure, the mean over the canaries (``per_canary``) with whole canaries resampled: the
+  sampling error of the planted secrets (their exposure varies with how likely the base model finds each);
 * ``gap``: a chance level minus its score, the difference of two cluster bootstraps;
 * ``t``: Student's t over the per-seed values, cut at the metric's range (every other metric, and the
   above where a run recorded no counts or clusters);
@@ -136,8 +138,9 @@ PROPORTIONS = {"pipp": "outputs", "pipp_long": "outputs", "ctx_1": "outputs", "c
                "sem_link": "sem_linkable"}  # fmt: skip
 #: Means of per-item scores: key -> the cell section holding the items and their ``cluster`` ids.
 CLUSTERED = {"rouge2": "per_output", "rougeL": "per_output", "lexical_privacy": "per_record",
-             "semantic_privacy": "per_record"}  # fmt: skip
-#: A property of the trained prefix, copied into each seed's cell (no interval across the copies).
+             "semantic_privacy": "per_record", "exposure": "per_canary"}  # fmt: skip
+#: A property of the trained prefix, copied into each seed's cell (no interval across the copies; exposure: over
+#: the canaries where the cells record each one's, ``per_canary``).
 PER_MODEL = ("exposure", "epsilon")
 #: Attack scores measured against a chance level (held-out notes: ``cell["per_record_chance"]``).
 CHANCE = ("lexical_privacy", "semantic_privacy")
@@ -167,6 +170,8 @@ INTERVALS: dict[str | None, str] = {
     "all seeds pooled",
     "cluster": "cluster bootstrap of the mean over all seeds' outputs (or attacked notes): whole patients "
     "resampled (the patient of the note an output was made for, or of the note attacked), 2,000 draws",
+    "canary": "cluster bootstrap of the mean exposure over the canaries: whole canaries resampled (a canary's "
+    "exposure in every seed together), 2,000 draws",
     "gap": "chance level minus score: the difference of the two cluster bootstraps (attacked and held-out "
     "notes resampled independently)",
     "t": "Student's t over the per-seed values, cut at the metric's range (zero width: every seed gave the same value)",
@@ -228,7 +233,8 @@ def _summarize_metric(key: str, cs: Sequence[Mapping[str, Any]], seed: int) -> d
         got = _clustered(cs, CLUSTERED[key], key)
         if got:
             m, lo, hi = cluster_bootstrap(*got, seed=seed)
-            return _fig(m, lo, hi, len(got[0]), "cluster" if not math.isnan(lo) else None, clusters=len(set(got[1])))
+            kind = "canary" if key == "exposure" else "cluster"
+            return _fig(m, lo, hi, len(got[0]), kind if not math.isnan(lo) else None, clusters=len(set(got[1])))
     if len(vals) == 1 or (key in PER_MODEL and len(set(vals)) == 1):
         return _fig(vals[0], _NAN, _NAN, len(vals), None)
     m, lo, hi = t_interval(vals)

@@ -224,6 +224,12 @@ def _exposures(
     return out
 
 
+def _per_canary(exposures: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Each canary's exposure with its cluster (the canary's index; the same canary in every cell), for the
+    interval over the canaries (ctrlgen.experiment)."""
+    return {"exposure": [e["exposure"] for e in exposures], "cluster": [f"canary{i}" for i in range(len(exposures))]}
+
+
 def _categories(code: str | None) -> set[str]:
     """The entity categories of a control code's text (the downstream classification label)."""
     from ctrlgen.codes import parse_control_code
@@ -582,6 +588,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                         ex = exposures[(setting, method, train_seed)]
                         cell["exposure"] = sum(e["exposure"] for e in ex) / len(ex)
                         cell["canaries"] = ex
+                        cell["per_canary"] = _per_canary(ex)
                     _log(f"{setting} / {method} / seed {seed}: PIPP {cell['pipp']:.3f}, ROUGE-L {cell['rougeL']:.3f}, "
                          f"perplexity {cell['perplexity']}, MAUVE {cell['mauve']}")  # fmt: skip
                     if method == "baseline":
@@ -604,6 +611,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                   "perplexity": util.perplexity(None, 0), "mauve": None})  # fmt: skip
     if canaries:
         cells[-1]["exposure"] = sum(e["exposure"] for e in base_exposure) / len(base_exposure)
+        cells[-1]["per_canary"] = _per_canary(base_exposure)
 
     # 7. Report.
     res = Path(reset_dir(str(out / "results")))

@@ -206,3 +206,24 @@ def test_per_record_scores_are_bootstrapped_by_patient_and_read_against_their_ch
     assert old["semantic_privacy"]["ci"] == "t" and "semantic_privacy_chance" not in old
     assert old["sem_link"]["ci"] == "exact"  # linkable / correct still give k of n
     assert table([old]).count("not in this run") == 4  # semantic linkage, lexical and semantic chance, the gap
+
+
+def test_canary_exposure_is_bootstrapped_over_the_canaries() -> None:
+    """A prefix shared by the seeds: every seed's cell copies its per-canary exposures; the interval resamples
+    whole canaries (the mean exposure does not move, and the copies do not narrow it). Without per-canary
+    values the copies give one value and no interval."""
+    from ctrlgen.intervals import cluster_bootstrap
+
+    ex = [0.5, 1.2, 4.0, 8.9]
+    per = {"exposure": ex, "cluster": [f"canary{i}" for i in range(4)]}
+    cells = [{"setting": "known", "method": "prefix", "seed": s, "exposure": sum(ex) / 4, "per_canary": per}
+             for s in range(3)]  # fmt: skip
+    [row] = summarize(cells)
+    fig = row["exposure"]
+    assert fig["ci"] == "canary" and fig["clusters"] == 4 and fig["mean"] == pytest.approx(sum(ex) / 4)
+    _, lo, hi = cluster_bootstrap(ex, per["cluster"], seed=0)
+    assert fig["lo"] < fig["mean"] < fig["hi"] and (fig["lo"], fig["hi"]) == pytest.approx((lo, hi), abs=0.3)
+    md = table([row])
+    assert "whole canaries resampled" in md
+    [row] = summarize([{k: v for k, v in c.items() if k != "per_canary"} for c in cells])
+    assert row["exposure"]["ci"] is None and math.isnan(row["exposure"]["lo"])
