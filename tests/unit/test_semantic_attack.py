@@ -22,7 +22,9 @@ from ctrlgen.metrics.semantic import (
     SimilarityJudge,
     atomize,
     calibrate,
+    excess_over_chance,
     query_claims,
+    random_link_rate,
     semantic_attack,
 )
 
@@ -86,6 +88,60 @@ def test_paraphrases_without_names_leak_semantically_and_unrelated_notes_link_at
     assert chance.linkage_rate <= 5 / 40  # expected 1 hit in 40; P(>= 6) < 0.001
     assert chance.semantic_privacy > linked.semantic_privacy + 0.3
     assert chance.lexical_privacy > linked.lexical_privacy
+
+
+@pytest.fixture(scope="module")
+def short_notes(shared):
+    """Three disjoint groups of patients' short notes (6-12 claims): attacked, unrelated, held out; patients dealt
+    round-robin, so that the groups are alike (a patient's notes share facts and style) but share no patient."""
+    from ctrlgen.experiment import patient_of
+
+    docs, _, _ = load_corpus(PhysionetCorpusConfig(path=str(shared / "physionet-deid"), identifiers="direct+quasi",
+                                                   limit=900))  # fmt: skip
+    by_patient: dict[str, list] = {}
+    for d in docs:
+        if 6 <= len(atomize(d.text)) <= 12:
+            by_patient.setdefault(patient_of(d.to_row()), []).append(d)
+    groups: list[list] = [[], [], []]
+    for i, notes in enumerate(by_patient.values()):  # at most 4 notes of a patient, dealt to the groups in turn
+        open_groups = [g for g in groups if len(g) < 16]
+        if not open_groups:
+            break
+        g = open_groups[i % len(open_groups)]
+        g.extend(notes[: min(4, 16 - len(g))])
+    assert all(len(g) == 16 for g in groups)
+    return groups
+
+
+def test_excess_over_chance_is_large_for_paraphrases_and_near_zero_for_unrelated_notes(setup, short_notes) -> None:
+    """The same attack on held-out notes (other patients, not made into the released set) is the chance level:
+    a paraphrased set reveals its notes far beyond it; a set of unrelated notes scores its 'records' at chance."""
+    _, _, _, judge, _ = setup
+    attacked, unrelated, held = short_notes
+    records = [Record(d.doc_id, d.text) for d in attacked]
+    heldout = [Record(d.doc_id, d.text) for d in held]
+    gen = FictionalCodes(seed=0, exclude={e.text for d in attacked for e in d.entities})
+
+    def paraphrase(d):  # every gold value replaced by a surrogate, claims in another order
+        claims = atomize(anonymize(d.text, d.entities, "surrogate", gen, d.doc_id).text, 1)
+        random.Random(d.doc_id).shuffle(claims)
+        return " ".join(claims)
+
+    sets = {"paraphrased": [Released(f"p{d.doc_id}", paraphrase(d), (d.doc_id,)) for d in attacked],
+            "unrelated": [Released(f"u{d.doc_id}", d.text) for d in unrelated]}  # fmt: skip
+    excess = {}
+    for name, released in sets.items():
+        a = semantic_attack(records, released, judge, k=3, seed=0)
+        c = semantic_attack(heldout, released, judge, k=3, seed=0)
+        assert a.attacked == c.attacked == 16 and c.linkable == 0
+        excess[name] = excess_over_chance(a, c)
+        assert excess[name][0] == pytest.approx(c.semantic_privacy - a.semantic_privacy)
+    d, lo, hi = excess["paraphrased"]
+    assert d > 0.25 and lo > 0.1, excess
+    d, lo, hi = excess["unrelated"]
+    assert abs(d) < 0.1 and lo < 0 < hi, excess  # no more revealed than about any note
+    assert random_link_rate([r.doc_id for r in records], sets["paraphrased"]) == pytest.approx(1 / 16)
+    assert random_link_rate([r.doc_id for r in records], sets["unrelated"]) is None
 
 
 class _Answers:
