@@ -293,7 +293,7 @@ def run_section(
         lines += ["```bash", str(p["command"]), "```", ""]
     when = []
     if p.get("commit"):
-        when.append(f"commit {p['commit']}" + (" with uncommitted changes" if p.get("dirty") else ""))
+        when.append(f"at commit {p['commit']}" + (" with uncommitted changes" if p.get("dirty") else ""))
     if p.get("date"):
         when.append(f"on {p['date']}")
     if p.get("machine"):
