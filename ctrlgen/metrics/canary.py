@@ -6,7 +6,7 @@ private entity (CODE, DIRECT, source ``canary``) in those documents, so the mask
 loss treats it like any other private value. By default the host's control code lists
 it like any other private value; ``in_code=False`` leaves it out of the code (a secret the
 model is never told, Carlini et al.'s setting: with the secret in the prompt a model can
-copy it instead of memorising it, and exposure, measured without it, shows neither). After training, the model's
+lower its loss on it by copying it from the prompt rather than by memorising it). After training, the model's
 negative log-likelihood of the canary sentence is ranked among the same sentence
 with ``n_candidates`` other random secrets of the same shape:
 
