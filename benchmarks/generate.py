@@ -18,6 +18,7 @@ Parts:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -145,7 +146,8 @@ def physionet_code_rows() -> list[dict[str, Any]]:
     """The PhysioNet notes with a control code, as extraction rows (``doc_id``, ``text``, ``entities``
     (gold, direct + quasi), ``control_code``)."""
     docs, _, _ = load_corpus(
-        PhysionetCorpusConfig(path=str(ROOT / "../shared/data/physionet-deid"), identifiers="direct+quasi")
+        PhysionetCorpusConfig(path=os.environ.get("CTRLGEN_PHYSIONET") or str(ROOT / "../shared/data/physionet-deid"),
+                              identifiers="direct+quasi")
     )
     rows = []
     for d in docs:

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Here, on the CPU box, before a GPU run: gather into .gpu/ (ignored by git) what a bare lent GPU machine lacks,
+# for benchmarks/gpu_run.sh (the device tool carries `.gpu`, 64 MiB at most):
+#   .gpu/whl/          cp312 wheels: pydantic (+ core), pyahocorasick, faker?; with --ray: a slimmed Ray
+#                      (its Java jars dropped, docs/RAY_NOTES) + jsonschema stack, DeepSpeed's sdist, hjson
+#   .gpu/data/         the PhysioNet notes (2.5 MB; ../shared does not travel)
+#   .gpu/smollm2-arch/ SmolLM2-135M's config and tokenizer (its weights do not fit: the run uses random
+#                      weights of the same shapes, which give the same speed figures)
+# Usage: bash benchmarks/gpu_prepare.sh [--ray]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+rm -rf .gpu && mkdir -p .gpu/whl .gpu/data .gpu/smollm2-arch
+PY=.venv/bin/python
+dl() {
+  $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d .gpu/whl "$@"
+}
+ver() { $PY -c "import importlib.metadata as m; print(m.version('$1'))"; }
+dl "pydantic==$(ver pydantic)" "pydantic-core==$(ver pydantic-core)" "annotated-types==$(ver annotated-types)" \
+   "typing-inspection==$(ver typing-inspection)" "pyahocorasick==$(ver pyahocorasick)" "faker==$(ver faker)"
+if [[ "${1:-}" == "--ray" ]]; then
+  dl "ray==$(ver ray)" "jsonschema==$(ver jsonschema)" "referencing==$(ver referencing)" \
+     "rpds-py==$(ver rpds-py)" "jsonschema-specifications==$(ver jsonschema-specifications)" \
+     "tensorboardX==$(ver tensorboardX)" "hjson==$(ver hjson)"
+  $PY -m pip download -q --no-deps --no-binary=:all: -d .gpu/whl "deepspeed==$(ver deepspeed)"
+  # Ray's wheel is ~79 MB; 32 MB of it are Java jars (Java workers only): drop them (RAY_NOTES)
+  w=$(ls .gpu/whl/ray-*.whl)
+  tmp=$(mktemp -d) && (cd "$tmp" && unzip -q "$OLDPWD/$w" && rm -rf ray/jars && \
+    sed -i '/^ray\/jars\//d' ray-*.dist-info/RECORD && rm "$OLDPWD/$w" && zip -qr "$OLDPWD/$w" .) && rm -rf "$tmp"
+fi
+cp -r ../shared/data/physionet-deid .gpu/data/
+src=$($PY -c "from ctrlgen.models import prepare_builtin; print(prepare_builtin())")
+cp "$src"/config.json "$src"/tokenizer.json "$src"/tokenizer_config.json .gpu/smollm2-arch/
+cp "$src"/generation_config.json .gpu/smollm2-arch/ 2>/dev/null || true
+du -sh .gpu .gpu/*
