@@ -12,7 +12,8 @@ the rounds and memory of METHOD.md section 8.3):
 2. **attack**: an attacker prompt asks the model for its top-``guesses`` guesses of the
    protected values behind the rewrite; a guess *hits* when it matches one of the note's private
    values (the entity spans of the setting: gold when known, the extractor's when unknown), and
-   every private value still present verbatim in the rewrite is a hit whatever the model guessed
+   every private value still present in the rewrite, as written or rewritten (``Smith, John``, the
+   surname alone, a reformatted date: :mod:`ctrlgen.variants`), is a hit whatever the model guessed
    (so a weak attacker model cannot declare a copying rewrite private);
 3. the hits become the clues of the next rewrite, until a round has no hit or ``rounds`` rounds
    have run.
@@ -24,8 +25,8 @@ through the loop (all pieces of a batch of notes together), pieces without are k
 The candidate released is the round with the fewest hits (the earliest among equals, the least
 drifted): privacy first. METHOD.md's second phase (raising a task model's confidence without
 losing privacy) is not implemented. A note whose best candidate still has hits is handled by
-``on_failure``: ``redact`` (default) replaces the private values still in it by their category
-tags (:func:`ctrlgen.anonymize.anonymize` semantics), ``withhold`` releases nothing, ``release``
+``on_failure``: ``redact`` (default) replaces the private values still in it (and their variants) by
+their category tags (:func:`ctrlgen.anonymize.anonymize` semantics), ``withhold`` releases nothing, ``release``
 releases it as is. Counts of rounds, hits and fallbacks are reported, never values.
 
 The model is any :class:`~ctrlgen.generation.engine.GenerationEngine`: the built-in SmolLM2
@@ -49,8 +50,9 @@ from typing import Any
 from ctrlgen.generation.engine import GenerationEngine, GenerationRequest
 from ctrlgen.generation.icl import row_seed
 from ctrlgen.generation.llm import build_engine
-from ctrlgen.metrics.leakage import leaked_values, normalize_value
+from ctrlgen.metrics.leakage import leaked_values, normalize_value, value_keys
 from ctrlgen.schema import Entity
+from ctrlgen.variants import Value, ValueLike, match_keys, split_value
 
 __all__ = [
     "AnonymizerSettings",
@@ -178,30 +180,37 @@ def parse_guesses(output: str, k: int) -> list[str]:
     return out
 
 
-def attacker_hits(guesses: Sequence[str], text: str, values: Sequence[str]) -> set[str]:
-    """The private values (normalised) the attacker got: a guess equal to one, or containing or contained in
-    one (both at least 3 characters), plus every value still in ``text`` (METHOD.md section 6's matcher)."""
-    norm = {normalize_value(v) for v in values if v and v.strip()}
-    hits = set(leaked_values(text, norm)) if text else set()
+def attacker_hits(guesses: Sequence[str], text: str, values: Sequence[ValueLike]) -> set[str]:
+    """The private values (normalised) the attacker got: a guess equal to one or to one of its variants, or
+    containing or contained in one (both at least 3 characters), plus every value still in ``text`` as
+    itself or a variant (METHOD.md section 6's matcher, :mod:`ctrlgen.variants`)."""
+    keys = value_keys(values)  # variant -> the values it stands for
+    norm = {v for vs in keys.values() for v in vs}
+    hits = set(leaked_values(text, values)) if text else set()
     for g in guesses:
         gk = normalize_value(g)
         if len(gk) < 2:
             continue
+        hits |= keys.get(gk, set())
         for v in norm:
             if gk == v or (len(gk) >= 3 and len(v) >= 3 and (gk in v or v in gk)):
                 hits.add(v)
     return hits
 
 
-def _redact_values(text: str, entities: Sequence[Entity], values: set[str]) -> tuple[str, int]:
-    """``text`` with the verbatim occurrences of ``values`` replaced by their entities' category tags."""
-    by_value: dict[str, str] = {}
-    for e in entities:
-        by_value.setdefault(normalize_value(e.text), e.category)
+def _redact_values(text: str, values: Sequence[ValueLike], leaked: set[str]) -> tuple[str, int]:
+    """``text`` with every occurrence of the ``leaked`` values (normalised), as written or as a variant,
+    replaced by the value's category tag (``<MISC>`` when it has none)."""
+    forms: dict[str, str] = {}  # a variant (normalised) -> the category tag replacing it
+    for item in values:
+        value, category = split_value(item)
+        if normalize_value(value) in leaked:
+            for key in match_keys(value, category):
+                forms.setdefault(key, category or "MISC")
     n = 0
-    for v in sorted(values, key=len, reverse=True):
-        pattern = re.compile(r"(?<!\w)" + r"\s+".join(re.escape(p) for p in v.split()) + r"(?!\w)", re.IGNORECASE)
-        text, k = pattern.subn(f"<{by_value.get(v, 'MISC')}>", text)
+    for key in sorted(forms, key=len, reverse=True):  # longest first: "John Smith" before "Smith"
+        pattern = re.compile(r"(?<!\w)" + r"\s+".join(re.escape(p) for p in key.split()) + r"(?!\w)", re.IGNORECASE)
+        text, k = pattern.subn(f"<{forms[key]}>", text)
         n += k
     return text, n
 
@@ -213,7 +222,7 @@ class _Doc:
     doc_id: str
     original: str
     entities: list[Entity]
-    values: list[str]
+    values: list[Value]
     categories: list[str]
     banned: tuple[tuple[int, ...], ...]
     key: str = ""
@@ -289,7 +298,8 @@ def llm_anonymize(
         for i, (a, b) in enumerate(chunk_spans(text, entities, s.chunk_chars)):
             ents = [Entity(e.start - a, e.end - a, e.text, e.category, e.kind, e.source, e.label)
                     for e in entities if a <= e.start and e.end <= b]  # fmt: skip
-            values = sorted({e.text for e in ents if e.text.strip()})
+            # Each value with its category: blocking, the attack's matcher and the redaction take its variants.
+            values = sorted({e.text: Value(e.text, e.category) for e in ents if e.text.strip()}.values())
             if not values or not text[a:b].strip():
                 parts.append((a, b, None))
                 continue
@@ -390,7 +400,7 @@ def _final(d: _Doc, s: AnonymizerSettings, error: str | None = None) -> LLMAnony
     elif s.on_failure == "release":
         res.status = "released_with_hits"
     else:
-        res.text, res.fallback_redacted = _redact_values(text, d.entities, leaked_values(text, d.values))
+        res.text, res.fallback_redacted = _redact_values(text, d.values, leaked_values(text, d.values))
         # Hits that are guesses only (nothing verbatim to redact) stay: the status says so.
         res.status = "redacted" if res.fallback_redacted else "released_with_hits"
     return res

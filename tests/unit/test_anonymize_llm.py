@@ -118,6 +118,21 @@ def test_private_round_stops_the_loop_and_failures_fall_back_as_configured():
                       AnonymizerSettings())  # fmt: skip
 
 
+def test_a_rewriting_of_a_value_is_a_hit_and_is_redacted():
+    """A rewrite that writes a value differently (\"Smith, John\", the surname alone, the date reformatted) has
+    not removed it: the attacker's matcher counts it and the redaction fallback replaces it."""
+    from ctrlgen.variants import Value
+
+    values = [Value("John Smith", "PERSON"), Value("3/4/2020", "DATETIME")]
+    assert attacker_hits([], "Seen by Smith, John on March 4, 2020.", values) == {"john smith", "3/4/2020"}
+    assert attacker_hits(["Smith, John"], "nothing", values) == {"john smith"}
+    leaky = ["Pt Smith, John seen at Mercy Hospital on March 4, 2020; Smith is well."] * 2
+    [red] = llm_anonymize(Scripted(leaky, ["none"] * 2), [("d0", TEXT, ENTS)], AnonymizerSettings(rounds=2))
+    assert red.status == "redacted" and red.fallback_redacted == 4, red.text
+    assert "Smith" not in red.text and "2020" not in red.text and red.text.count("<PERSON>") == 2
+    assert not leaked_values(red.text, [Value(e.text, e.category) for e in ENTS])
+
+
 def test_rewrite_prompt_names_the_categories_not_the_values():
     p = rewrite_prompt("Pt seen.", ["DATETIME", "PERSON"], [], [])
     assert "dates and times" in p and "names of people" in p and p.endswith("Rewritten note:\n")
