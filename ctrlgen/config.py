@@ -165,7 +165,7 @@ class EngineConfig(_Model):
     )
     prefill_chunk: int = Field(256, ge=16, description="Prompt tokens per prefill chunk (the prefix cache's unit).")
     prefix_cache_tokens: int = Field(
-        16384, ge=0, description="Prompt key/value positions kept for reuse by prompts with the same prefix."
+        4096, ge=0, description="Prompt key/value positions kept for reuse by prompts with the same prefix."
     )
     kv_bucket: int = Field(64, ge=8, description="Decode attention reads the cache up to a multiple of this.")
     max_len: int | None = Field(
@@ -421,6 +421,9 @@ class GenerationConfig(_Model):
         True, description="Also block ' value' (byte-level BPE tokenises a leading space into the token)."
     )
     batch_size: int = Field(8, ge=1, description="Prompts per batched generate call.")
+    rows_per_file: int = Field(
+        2048, ge=1, description="Output rows the writer gathers per Parquet file (at MIMIC scale: few, large files)."
+    )
     num_actors: int = Field(1, ge=1, description="Generator actors (model loaded once per actor).")
     actor_num_cpus: float = Field(1.0, gt=0, description="Logical CPUs per generator actor.")
     actor_num_gpus: float = Field(

@@ -15,8 +15,9 @@ job first when ``generation.input`` is not set), then:
     <output_dir>/generated/_commits/<file id>      one per written block, after its files
     <output_dir>/generated/leakage.md, leakage.json
 
-Every block the actors return holds all modes of its documents and is written by
-:class:`GeneratedSink` as one file per mode, then committed by a marker. With
+Every block the actors return holds all modes of its documents; :class:`GeneratedSink` gathers
+blocks into files of at least ``generation.rows_per_file`` rows per mode (few, large files at MIMIC
+scale), writes one file per mode, then commits them by a marker. With
 ``resume=True`` (the ``synthesize`` pipeline) a run that was killed continues: files
 without a marker (a block cut mid-write) are deleted, and the documents of the committed
 blocks are taken out of the targets by a filter actor that reads their ids from the
@@ -100,6 +101,7 @@ class GenerateActor:
             exclude = ray.get(exclude)
         self.fictional = FictionalCodes(g.seed, exclude, same_counts=g.same_counts)
         self.done = 0
+        self.banned: dict[str, Any] = {}  # a context's banned sequences, tokenised once per actor (the pool is fixed)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from ctrlgen.generation.icl import generate_rows
@@ -115,7 +117,7 @@ class GenerateActor:
         cfg = self.cfg.generation
         out = generate_rows(
             rows, self.pool, self.engine, self.tokenizer, cfg, self.fictional, progress,
-            finetune_values=self.finetune,
+            finetune_values=self.finetune, banned_cache=self.banned,
         )  # fmt: skip
         record_generate(out)
         return out
@@ -153,11 +155,17 @@ class GeneratedSink(Datasink[None]):
 
     COMMITS = "_commits"  # a leading underscore: Arrow's dataset readers skip it
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, rows_per_file: int | None = None) -> None:
         import uuid
 
         self.path = str(path)
         self.write_id = uuid.uuid4().hex[:12]
+        self.rows_per_file = rows_per_file
+
+    @property
+    def min_rows_per_write(self) -> int | None:
+        """Ray Data gathers this many rows (whole actor blocks) before a write: few, large files."""
+        return self.rows_per_file
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> None:
         tables = [b for b in blocks if b.num_rows]
@@ -334,7 +342,7 @@ def _run(cfg: CtrlgenConfig, resume: bool, score: bool) -> GenerateSummary:
         compute=even_pool(g.num_actors),
     )
     if n_targets:
-        out_ds.write_datasink(GeneratedSink(out))
+        out_ds.write_datasink(GeneratedSink(out, g.rows_per_file * len(g.modes)))
     total = n_targets + n_done
     if not score:
         rows = _check(_count_rows(out), total, g.modes, out)

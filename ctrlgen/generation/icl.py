@@ -200,6 +200,7 @@ def generate_rows(
     progress: Callable[[str], None] | None = None,
     prefix_engine: GenerationEngine | None = None,
     finetune_values: Sequence[str] | ValueIndex = (),
+    banned_cache: dict[str, tuple[tuple[int, ...], ...]] | None = None,
 ) -> pa.Table:
     """Generate every configured mode for every target row; one output row per (row, mode).
 
@@ -216,7 +217,8 @@ def generate_rows(
     # Built once per call when given as values; callers with many batches pass a ValueIndex.
     finetune = as_index(finetune_values) if "prefix" in cfg.modes else ValueIndex(())
     out: list[dict[str, Any]] = []
-    banned_cache: dict[str, tuple[tuple[int, ...], ...]] = {}
+    if banned_cache is None:  # a caller with many batches keeps one: the context pool is fixed
+        banned_cache = {}
 
     def banned_of(ctx: ContextDoc) -> tuple[tuple[int, ...], ...]:
         if ctx.doc_id not in banned_cache:

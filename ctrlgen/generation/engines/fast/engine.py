@@ -99,7 +99,7 @@ class FastEngine:
         slots: int = 16,
         max_len: int | None = None,
         prefill_chunk: int = 256,
-        prefix_cache_tokens: int = 16384,
+        prefix_cache_tokens: int = 4096,
         kv_bucket: int = 64,
         poll_every: int | None = None,
         cuda_graphs: bool = True,
