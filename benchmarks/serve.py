@@ -114,7 +114,7 @@ def offline(contexts: Path, threads: int, new_tokens: int) -> Any:
 
     from ctrlgen.config import load_config
     from ctrlgen.fictional import FictionalCodes
-    from ctrlgen.generation.engine import HFEngine
+    from ctrlgen.generation.factory import build_engine
     from ctrlgen.generation.gate import gated_generate
     from ctrlgen.generation.synthesis import SynthesisPlanner, corpus_values, load_pool_rows
     from ctrlgen.models import load_causal_lm
@@ -129,7 +129,8 @@ def offline(contexts: Path, threads: int, new_tokens: int) -> Any:
     def run(batch_seeds: list[int]) -> tuple[int, float, int]:
         work = [planner.plan("icl_blocking", seed=s, max_new_tokens=new_tokens)[0].work for s in batch_seeds]
         t0 = time.perf_counter()
-        engine = HFEngine(model, tok, g.sampling, len(batch_seeds))
+        # the engine a replica builds (model.engine), sized to the batch
+        engine = build_engine(model, tok, g.sampling, model_cfg=cfg.model, batch_size=len(batch_seeds))
         out = gated_generate(engine, [w.request for w in work], [w.known for w in work],
                              max_retries=g.gate.max_retries, enabled=True)  # fmt: skip
         return sum(o.result.new_tokens for o in out), time.perf_counter() - t0, sum(o.attempts > 1 for o in out)
