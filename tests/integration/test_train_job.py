@@ -256,7 +256,7 @@ def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluste
 
     from ctrlgen.cli import main
     from ctrlgen.config import load_config
-    from ctrlgen.metrics.canary import exposure, insert_canaries, make_canaries
+    from ctrlgen.metrics.canary import canary_prompt, exposure, insert_canaries, make_canaries
     from ctrlgen.metrics.utility import sequence_nll
     from ctrlgen.models import load_causal_lm
     from ctrlgen.training.prefix import load_prefix_model
@@ -266,7 +266,10 @@ def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluste
     assert main(["extract", "-c", CONFIG, *base, f"output_dir={tmp_path}"]) == 0
     table = pa.concat_tables([pq.read_table(f) for f in sorted((extracted / "status=ok").glob("*.parquet"))])
     canary = make_canaries(1, seed=0, repeats=(16,))[0]
-    planted = insert_canaries(table.to_pylist()[:16], [canary], seed=0)
+    # Out of the control code (Carlini et al.'s setting): with the secret in the prompt a model lowers its loss
+    # by copying it, and exposure measured behind the code without it shows no memorisation.
+    planted = insert_canaries(table.to_pylist()[:16], [canary], seed=0, in_code=False)
+    prompt = canary_prompt(planted, canary)
     (tmp_path / "canaried" / "status=ok").mkdir(parents=True)
     pq.write_table(
         pa.Table.from_pylist(planted, schema=table.schema), tmp_path / "canaried" / "status=ok" / "a.parquet"
@@ -275,7 +278,8 @@ def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluste
              "training.dp.logical_batch=8", "training.epochs=15", "training.learning_rate=0.05",
              "training.max_doc_tokens=16", "training.num_workers=1", "training.cpus_per_worker=1",
              "training.torch_threads=2", "training.checkpoint_every=1000", "training.log_every=10",
-             "training.dp.unit=note"]  # fmt: skip  # the canary is planted in notes, of few patients
+             "training.dp.unit=note", "training.require_code=false"]  # fmt: skip  # notes of few patients; hosts whose
+    # only entity was the canary have an empty code
     cfg = load_config(CONFIG, base)
     scores = {}
     for name, extra in (("inf", ["training.dp.noise_multiplier=0"]), ("eps8", ["training.dp.target_epsilon=8"])):
@@ -285,7 +289,7 @@ def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluste
         tuned = load_prefix_model(lm, str(out / "adapter"))
 
         def nll(texts, m=tuned, t=tok):
-            return [n for n, _ in sequence_nll(m, t, texts, max_tokens=32)]
+            return [n for n, _ in sequence_nll(m, t, texts, max_tokens=256, prompts=[prompt] * len(texts))]
 
         scores[name] = exposure(canary, nll, n_candidates=199)[0]
         scores[name + "_loss"] = _history(out)[-1]["loss"]
