@@ -42,6 +42,9 @@ def test_experiment_matrix_writes_table_json_and_plot(ray_cluster, tmp_path, sha
         assert c["perplexity"] > 1 and 0 < c["mauve"] <= 1
         assert ("exposure" in c) == c["method"].startswith("prefix")
         assert ("epsilon" in c) == (c["method"] == "prefix_dp8") and c.get("epsilon", 0) <= 8.0
+        # the DP rows state their unit (the tiny config's notes come from too few patients: per note) and are
+        # private (secret noise): no not-private stamp
+        assert c.get("dp_unit") == ("note" if c["method"] == "prefix_dp8" else None) and "not_private" not in c
     # Anonymised real notes: the known setting edits every gold span (no gold value of >= 4 characters
     # left), and the released text stays close to the original (high ROUGE-L, unlike synthesis).
     for method in ("anon_redact", "anon_surrogate"):
