@@ -273,7 +273,15 @@ def generate_rows(
         if model_key == "prefix" and prefix_engine is not None:  # the prefix engine's own model is the tuned one
             eng = prefix_engine
             requests = [dataclasses.replace(r, adapter=None) for r in requests]
-        gated = gated_generate(eng, requests, known, max_retries=cfg.gate.max_retries, enabled=gate_on)
+        # Into the engine target by target (a target's modes side by side): rows with the same prompt reach the
+        # engine together, so its prefix cache still holds the prompt when the second mode comes; back in order.
+        target_of = {doc_id: i for i, (doc_id, *_rest) in enumerate(prepared)}
+        order = sorted(range(len(requests)), key=lambda i: (target_of[skeletons[i]["doc_id"]], i))
+        done = gated_generate(eng, [requests[i] for i in order], [known[i] for i in order],
+                              max_retries=cfg.gate.max_retries, enabled=[gate_on[i] for i in order])  # fmt: skip
+        gated: list[Any] = [None] * len(order)
+        for j, i in enumerate(order):
+            gated[i] = done[j]
         secs = time.perf_counter() - t0
         if progress is not None:
             for md in modes:
