@@ -5,6 +5,7 @@ local Ray cluster started by the test.
 """
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -256,7 +257,7 @@ def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluste
 
     from ctrlgen.cli import main
     from ctrlgen.config import load_config
-    from ctrlgen.metrics.canary import canary_prompt, exposure, insert_canaries, make_canaries
+    from ctrlgen.metrics.canary import canary_prompt, candidate_texts, exposure, insert_canaries, make_canaries
     from ctrlgen.metrics.utility import sequence_nll
     from ctrlgen.models import load_causal_lm
     from ctrlgen.training.prefix import load_prefix_model
@@ -291,8 +292,15 @@ def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluste
         def nll(texts, m=tuned, t=tok):
             return [n for n, _ in sequence_nll(m, t, texts, max_tokens=256, prompts=[prompt] * len(texts))]
 
+        texts = candidate_texts(canary, 199, seed=0)  # the canary first, then other secrets of its shape
+        nlls = nll(texts)
         scores[name] = exposure(canary, nll, n_candidates=199)[0]
+        # How far below the other secrets the canary's NLL sits (nats): continuous, unlike a rank capped at 200.
+        scores[name + "_gap"] = statistics.median(nlls[1:]) - nlls[0]
         scores[name + "_loss"] = _history(out)[-1]["loss"]
+    print(f"canary scores: {scores}")
     assert json.loads((tmp_path / "inf" / "adapter" / "privacy.json").read_text())["epsilon"] == float("inf")
     assert scores["inf_loss"] < 0.5 < scores["eps8_loss"]  # memorised vs not
-    assert scores["inf"] > scores["eps8"] + 1.0, scores
+    # Noise-free, the secret is memorised (ranked first); at epsilon 8 its NLL stays far closer to the others'
+    # (the rank alone is a weak test: it is capped at 200 candidates, and the secret noise differs every run).
+    assert scores["inf"] == max(scores["inf"], scores["eps8"]) and scores["inf_gap"] > scores["eps8_gap"] + 20, scores
