@@ -33,6 +33,7 @@ import numpy as np
 
 from ctrlgen.metrics.context import words
 from ctrlgen.metrics.leakage import leaked_values, normalize_value
+from ctrlgen.variants import ValueLike, split_value
 
 __all__ = ["BM25", "LinkageResult", "RealRecord", "linkage_attack"]
 
@@ -76,7 +77,7 @@ class BM25:
 class RealRecord:
     doc_id: str
     text: str
-    values: tuple[str, ...]
+    values: tuple[ValueLike, ...]  # a :class:`~ctrlgen.variants.Value` or pair carries its category
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,13 @@ def linkage_attack(
     shares, anys, sents = [], [], []
     skipped = 0
     for r in records:
-        vals = sorted({normalize_value(v) for v in r.values if v and v.strip()})
+        # Distinct normalised values, each with its category (its variants count as the value).
+        typed: dict[str, list[tuple[str, str | None]]] = {}
+        for item in r.values:
+            value, category = split_value(item)
+            if value and value.strip():
+                typed.setdefault(normalize_value(value), []).append((value, category))
+        vals = sorted(typed)
         if len(vals) < 2 or not synthetic:
             skipped += 1
             continue
@@ -119,7 +126,7 @@ def linkage_attack(
         known, other = vals[: len(vals) // 2], vals[len(vals) // 2 :]
         query = [t for v in known for t, _, _ in words(v)]
         best = int(bm.scores(query).argmax())
-        found = leaked_values(synthetic[best], other)
+        found = leaked_values(synthetic[best], [item for v in other for item in typed[v]])
         shares.append(len(found) / len(other))
         anys.append(1.0 if found else 0.0)
         ss = _sentences(r.text, min_words)

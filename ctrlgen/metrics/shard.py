@@ -35,6 +35,7 @@ from typing import Any
 
 from ctrlgen.metrics.leakage import ValueIndex, normalize_value
 from ctrlgen.metrics.rouge import RougeIndex
+from ctrlgen.variants import ValueLike, split_value
 
 __all__ = [
     "MergedScore",
@@ -48,7 +49,7 @@ __all__ = [
     "shard_of",
 ]
 
-Reference = tuple[str, str, Sequence[str]]  # (doc_id, text, private values)
+Reference = tuple[str, str, Sequence[ValueLike]]  # (doc_id, text, private values, with categories where known)
 
 
 def shard_of(key: str, n: int) -> int:
@@ -60,15 +61,16 @@ def iter_references(path: str | Path, batch_rows: int = 4096) -> Iterator[Refere
     """(doc_id, text, values) of every document of an extraction output, streamed in Parquet batches.
 
     Values are those of the document's control code (what the release gate and the
-    fictional codes use), so the scorer and the gate agree on what a private value is.
+    fictional codes use), with their categories, so the scorer and the gate agree on what
+    a private value is and on its variants ("Smith, John" for "John Smith").
     """
     from ctrlgen.codes import parse_control_code
-    from ctrlgen.fictional import code_values
     from ctrlgen.generation.synthesis import iter_extracted
+    from ctrlgen.variants import code_items
 
     for rows in iter_extracted(path, batch_rows):
         for row in rows:
-            yield str(row["doc_id"]), row["text"] or "", code_values(parse_control_code(row["control_code"] or ""))
+            yield str(row["doc_id"]), row["text"] or "", code_items(parse_control_code(row["control_code"] or ""))
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ class ReferenceShard:
         self.shard, self.n_shards = shard, n_shards
         ids: list[str] = []
         texts: list[str] = []
-        values: set[str] = set()
+        values: dict[tuple[str, str | None], ValueLike] = {}
         self.corpus_documents = 0
         for doc_id, text, vals in references:
             self.corpus_documents += 1
@@ -132,13 +134,15 @@ class ReferenceShard:
                 ids.append(doc_id)
                 texts.append(text)
             for v in vals:
-                norm = normalize_value(v)
+                value, category = split_value(v)
+                norm = normalize_value(value)
+                # Keyed by the normalised value (its variants go with it), so shards stay disjoint.
                 if norm and shard_of("value\x1f" + norm, n_shards) == shard:
-                    values.add(norm)
+                    values.setdefault((norm, category), (value, category))
         self.doc_ids = ids
-        self.values = sorted(values)
+        self.values = sorted({norm for norm, _ in values})
         self._index = RougeIndex(texts)
-        self._values = ValueIndex(self.values)
+        self._values = ValueIndex(list(values.values()))
 
     @property
     def n_values(self) -> int:

@@ -14,6 +14,7 @@ from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate
 from ctrlgen.metrics.linkage import BM25, RealRecord, linkage_attack
 from ctrlgen.metrics.rouge import RougeIndex, lcs_length, rouge_pair, tokenize
 from ctrlgen.metrics.utility import mauve_score, perplexity_from
+from ctrlgen.variants import Value
 
 WORDS = "the patient was seen by doctor smith on monday with fever and cough at home ward".split()
 
@@ -119,6 +120,25 @@ def test_linkage_attack_finds_copied_record_and_nothing_in_clean_set() -> None:
     assert res.sentences == pytest.approx(1.0)
     clean = linkage_attack([rec], ["A patient was admitted with fever.", "Another note."], seed=0)
     assert clean.values == 0.0 and clean.any_value == 0.0 and clean.sentences == 0.0
+
+
+def test_linkage_attack_counts_a_rewritten_value_as_found() -> None:
+    # The other half's values appear only rewritten ("Moss, Alice", "05/03/2101"): a reader links them all the same.
+    rec = RealRecord(
+        "r1",
+        "x",
+        (
+            Value("Alice Moss", "PERSON"),
+            Value("2101-05-03", "DATETIME"),
+            Value("Boston", "LOC"),
+            Value("Kim Lee", "PERSON"),
+        ),
+    )
+    syn = ["Moss, Alice seen 05/03/2101 in Boston; Lee, Kim visited.", "Unrelated note about fever."]
+    res = linkage_attack([rec], syn, seed=0)
+    assert res.attacked == 1 and res.values == 1.0
+    plain = linkage_attack([RealRecord("r1", "x", tuple(str(v) for v in rec.values))], syn, seed=0)
+    assert plain.values < 1.0  # as written only, the rewritings are missed
 
 
 # --- canaries ----------------------------------------------------------------------------------

@@ -9,12 +9,14 @@ from ctrlgen.corpora import load_corpus
 from ctrlgen.metrics.leakage import elp_finetune, leaked_values, pipp_finetune
 from ctrlgen.metrics.rouge import RougeIndex
 from ctrlgen.metrics.shard import ReferenceShard, corpus_leakage, floors_of, merge_shard_scores, shard_of
+from ctrlgen.variants import Value
 
 
 @pytest.fixture(scope="module")
 def refs(shared):
     docs, _, _ = load_corpus(PhysionetCorpusConfig(path=str(shared / "physionet-deid"), limit=120))
-    return [(d.doc_id, d.text, tuple(sorted({e.text for e in d.entities}))) for d in docs]
+    # values with their categories, as iter_references gives them: the shards match their variants
+    return [(d.doc_id, d.text, tuple(sorted({Value(e.text, e.category) for e in d.entities}))) for d in docs]
 
 
 def _texts(refs):
@@ -48,6 +50,16 @@ def test_merged_shards_equal_the_whole_corpus(refs, n_shards):
     assert summary["pipp"] == pytest.approx(pipp_finetune(texts, values))
     assert summary["elp"] == pytest.approx(elp_finetune(texts, values))
     assert summary["pipp"] > 0
+
+
+def test_shards_find_a_rewritten_value():
+    refs = [
+        ("a", "Seen by John Smith on 2101-10-20.", (Value("John Smith", "PERSON"), Value("2101-10-20", "DATETIME")))
+    ]
+    for n in (1, 3):
+        shards = [ReferenceShard(refs, i, n) for i in range(n)]
+        merged = merge_shard_scores([s.score(["Smith, John came back Oct 20, 2101."]) for s in shards])
+        assert merged[0].leaked == {"john smith", "2101-10-20"}
 
 
 def test_shard_numbers_are_stable_and_in_range():
