@@ -264,6 +264,17 @@ def cmd_submit(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     return submit(args.job, cfg, opts)
 
 
+def cmd_export(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+    from ctrlgen.export import export_run
+
+    update = {k: v for k, v in (("format", args.format), ("output", args.out)) if v is not None}
+    if update:
+        cfg = cfg.model_copy(update={"export": cfg.export.model_copy(update=update)})
+    summary = export_run(cfg, progress=lambda msg: print(f"export: {msg}", file=sys.stderr, flush=True))
+    print(summary.text())
+    return 0
+
+
 def cmd_leakage(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     from ctrlgen import storage
     from ctrlgen.generation.report import (
@@ -544,6 +555,12 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
         "generation with the release gate -> leakage scoring. Resumable: a re-run skips finished stages and "
         "generation continues from the documents already written.",
     ),
+    "export": (
+        cmd_export,
+        "The releasable corpus of a pipeline output (output_dir): released rows of icl_blocking / prefix only, "
+        "checked again for private values, no real value or id, as parquet, jsonl, csv (NOTEEVENTS) or hf, with a "
+        "release card (RELEASE.md, release.json); `synthesize` ends with it. Writes <output_dir>/release.",
+    ),
     "submit": (
         cmd_submit,
         "Submit a job (extract, train, generate, evaluate, experiment, synthesize, anonymize) to a Ray cluster through the Job "
@@ -640,6 +657,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             )
             sp.add_argument("--port", type=int, default=None, help="HTTP port (default: the Serve config's).")
             sp.add_argument("--for", dest="duration", type=float, default=None, help="Stop after this many seconds.")
+        if name == "export":
+            sp.add_argument("--format", choices=("parquet", "jsonl", "csv", "hf"), default=None,
+                            help="Output format (default export.format: parquet).")  # fmt: skip
+            sp.add_argument(
+                "--out", default=None, help="Directory to write (default export.output, <output_dir>/release)."
+            )
         if name == "leakage":
             sp.add_argument("--input", default=None, help="Generated output (default <output_dir>/generated).")
             sp.add_argument("--format", choices=("markdown", "json"), default="markdown", help="Table format.")

@@ -31,6 +31,7 @@ __all__ = [
     "DemoCorpusConfig",
     "ExperimentConfig",
     "ExperimentMethod",
+    "ExportConfig",
     "ExtractionConfig",
     "GateConfig",
     "GenerationConfig",
@@ -864,6 +865,30 @@ class EvaluationConfig(_Model):
     num_actors: int = Field(2, ge=1, description="Scoring actors.")
 
 
+class ExportConfig(_Model):
+    """The releasable corpus (``ctrlgen export``, the last stage of ``ctrlgen synthesize``)."""
+
+    format: Literal["parquet", "jsonl", "csv", "hf"] = Field(
+        "parquet",
+        description="parquet | jsonl | csv (NOTEEVENTS columns, readable by the mimic reader) | hf (a Hugging Face "
+        "`datasets` layout: data/train-*.parquet and a dataset card).",
+    )
+    modes: list[GenerationMode] | None = Field(
+        None,
+        description="Modes to release (None: every generated mode that may be released: icl_blocking, prefix). "
+        "baseline and icl put real notes in the prompt and block nothing: they are never exported.",
+    )
+    output: str | None = Field(None, description="Where the release goes; default <output_dir>/release.")
+    min_value_chars: int = Field(
+        4,
+        ge=1,
+        description="The export's corpus-wide check withholds a row holding any private value of the corpus of at "
+        "least this many characters (as written, case folded); shorter values ('A', '13', 'St') are checked against "
+        "the row's own contexts only, with the gate's variants.",
+    )
+    rows_per_file: int = Field(100_000, ge=1, description="Rows per exported file.")
+
+
 class CtrlgenConfig(_Model):
     """Root config: one per YAML file under ``configs/``."""
 
@@ -883,6 +908,7 @@ class CtrlgenConfig(_Model):
     ray: RayConfig = Field(default_factory=RayConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     anonymizer: LLMAnonymizerConfig = Field(default_factory=LLMAnonymizerConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
     output_dir: str = Field("runs/demo", description="Where stages write their outputs.")
     show: int = Field(3, ge=0, description="How many control codes the demo prints.")
 

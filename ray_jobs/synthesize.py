@@ -8,7 +8,9 @@ Stages and where they write (all under ``output_dir``):
 1. ``extract``  -> extracted/ (the extraction job);
 2. ``train``    -> adapter/, train_data/ (prefix tuning; only when ``generation.modes`` has ``prefix``);
 3. ``generate`` -> generated/mode=*/ (ICL / prefix generation with the release gate, resumable);
-4. ``score``    -> generated/leakage.md, leakage.json (PIPP / ELP per mode).
+4. ``score``    -> generated/leakage.md, leakage.json (PIPP / ELP per mode);
+5. ``export``   -> release/ (the releasable corpus and its release card, :mod:`ctrlgen.export`;
+   only when generation.modes has a mode that may be released: icl_blocking or prefix).
 
 Each finished stage leaves ``pipeline/<stage>.json`` (its summary and a fingerprint of the
 settings it depends on). A re-run skips the stages whose fingerprint still matches and runs
@@ -30,13 +32,14 @@ from ctrlgen.config import CtrlgenConfig, fingerprint
 
 __all__ = ["STAGES", "SynthesizeSummary", "main", "run"]
 
-STAGES = ("extract", "train", "generate", "score")
+STAGES = ("extract", "train", "generate", "score", "export")
 # The config sections each stage's output depends on (with those of the stages before it).
 _DEPENDS = {
     "extract": ("corpus", "demo_corpus", "extraction", "nlp"),
     "train": ("training", "model"),
     "generate": ("generation", "model"),
     "score": (),
+    "export": ("export",),
 }
 
 
@@ -80,6 +83,7 @@ def _with_inputs(cfg: CtrlgenConfig, out: str) -> CtrlgenConfig:
 
 
 def run(cfg: CtrlgenConfig) -> SynthesizeSummary:
+    from ctrlgen.export import LEAKY_MODES, export_run
     from ray_jobs import extract, generate, train
 
     t0 = time.perf_counter()
@@ -93,6 +97,9 @@ def run(cfg: CtrlgenConfig) -> SynthesizeSummary:
         mark = storage.join(marks, f"{stage}.json")
         if stage == "train" and "prefix" not in cfg.generation.modes:
             summary.stages[stage] = "not needed (no prefix mode)"
+            continue
+        if stage == "export" and not set(cfg.generation.modes) - set(LEAKY_MODES):
+            summary.stages[stage] = "not needed (only modes that leak by design: nothing to release)"
             continue
         if not rerun and storage.exists(mark) and json.loads(storage.read_text(mark)).get("fingerprint") == fps[stage]:
             summary.stages[stage] = "skipped (done)"
@@ -112,8 +119,10 @@ def run(cfg: CtrlgenConfig) -> SynthesizeSummary:
                 update={"resume": cfg.training.resume and not fresh})}))  # fmt: skip
         elif stage == "generate":
             result = generate.run(cfg, resume=True, score=False)
-        else:
+        elif stage == "score":
             result = generate.score_output(cfg, storage.join(out, "generated"))
+        else:
+            result = export_run(cfg, progress=lambda msg: _say(f"export: {msg}"))
         text = result.text()
         summary.stages[stage] = f"ran ({time.perf_counter() - s0:.1f} s)"
         summary.texts[stage] = text

@@ -9,7 +9,12 @@ import time
 from pathlib import Path
 
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 import pytest
+
+from ctrlgen.config import PhysionetCorpusConfig
+from ctrlgen.corpora import load_corpus
+from ctrlgen.metrics.leakage import ValueIndex
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,3 +71,22 @@ def test_killed_mid_generation_the_pipeline_resumes(tmp_path, shared):
     assert all(f.stem in committed for f in gen.glob("mode=*/*.parquet"))  # nothing uncommitted left
     stats = json.loads((gen / "leakage.json").read_text())
     assert {s["mode"]: s["outputs"] for s in stats} == {"baseline": 24, "icl": 24, "icl_blocking": 24}
+
+    # The last stage: the release. No value of the input's entities (4+ characters: the export's corpus-wide
+    # check; shorter ones are checked against each note's own contexts) and no real id is anywhere in it.
+    assert "stage export: done" in res.stderr
+    release = out_dir / "release"
+    card = json.loads((release / "release.json").read_text())
+    assert list(card["modes"]) == ["icl_blocking"] and card["modes"]["icl_blocking"]["generated"] == 24
+    docs, _, _ = load_corpus(  # the input: configs/generate_tiny.yaml reads the first 200 notes
+        PhysionetCorpusConfig(path=str(shared / "physionet-deid"), identifiers="direct+quasi", limit=200)
+    )
+    values = {e.text.strip() for d in docs for e in d.entities if len(e.text.strip()) >= 4}
+    found = ValueIndex(sorted(values))
+    files = [f for f in release.rglob("*") if f.is_file()]
+    assert (release / "RELEASE.md") in files and any(f.suffix == ".parquet" for f in files)
+    for f in files:
+        text = pq.read_table(f).to_pandas().to_csv() if f.suffix == ".parquet" else f.read_text()
+        assert not found.find(text), f"{f.name} holds a private value of the input"
+        if f.suffix == ".parquet":  # the release's columns only: no doc_id, context_ids or values
+            assert pq.read_table(f).column_names == ["id", "mode", "text", "control_code"]
