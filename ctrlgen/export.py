@@ -41,6 +41,7 @@ from typing import Any
 from ctrlgen import storage
 from ctrlgen.codes import parse_control_code
 from ctrlgen.config import CtrlgenConfig
+from ctrlgen.corpora.mimic import NOTEEVENTS_COLUMNS
 from ctrlgen.errors import ConfigError, CtrlgenError
 from ctrlgen.intervals import wilson
 from ctrlgen.metrics.leakage import ValueIndex, leaked_values
@@ -48,7 +49,6 @@ from ctrlgen.variants import Value, code_items
 
 __all__ = [
     "LEAKY_MODES",
-    "NOTEEVENTS_COLUMNS",
     "ExportSummary",
     "ModeCounts",
     "export_run",
@@ -58,12 +58,6 @@ __all__ = [
 
 #: Modes whose prompt holds real notes with nothing blocked: they leak by design and are never exported.
 LEAKY_MODES = ("baseline", "icl")
-#: The csv format's columns (MIMIC-III NOTEEVENTS); the synthetic notes fill ROW_ID, SUBJECT_ID, CATEGORY,
-#: DESCRIPTION and TEXT.
-NOTEEVENTS_COLUMNS = (
-    "ROW_ID", "SUBJECT_ID", "HADM_ID", "CHARTDATE", "CHARTTIME", "STORETIME",
-    "CATEGORY", "DESCRIPTION", "CGID", "ISERROR", "TEXT",
-)  # fmt: skip
 _READ_COLUMNS = ["doc_id", "context_ids", "fictional_code", "text", "leaked_first", "released", "status"]
 
 
@@ -234,6 +228,7 @@ class _Writer:
 
         n = len(self.files)
         rows, self.rows = self.rows, []
+        # csv: ROW_ID, SUBJECT_ID (one synthetic subject per note), CATEGORY, DESCRIPTION (the mode) and TEXT
         if self.fmt in ("parquet", "hf"):
             name = f"data/train-{n:05d}.parquet" if self.fmt == "hf" else f"notes-{n:05d}.parquet"
             path = storage.join(self.output, name)

@@ -140,6 +140,8 @@ class ExtractSummary:
     entities_by_category: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
     output: str = ""
+    without_entities: int = 0  # documents out with no private entity
+    warnings: list[str] = field(default_factory=list)
 
     def text(self) -> str:
         cats = ", ".join(f"{c} {n}" for c, n in sorted(self.entities_by_category.items()))
@@ -148,6 +150,7 @@ class ExtractSummary:
             f"entities {sum(self.entities_by_category.values()):,}"
             + (f" ({cats})" if cats else "")
             + f"\nwritten to {self.output} in {self.seconds:.1f} s"
+            + "".join(f"\nwarning: {w}" for w in self.warnings)
         )
 
 
@@ -233,19 +236,48 @@ def _shards(path: str) -> list[str]:
     return files
 
 
-def _count(out: str, driver_quarantine: list[Quarantined]) -> tuple[int, int, Counter[str]]:
-    ok = 0
+def _count(out: str, driver_quarantine: list[Quarantined]) -> tuple[int, int, Counter[str], int]:
+    """Documents out, quarantined, entities per category and documents without any entity."""
+    ok = empty = 0
     cats: Counter[str] = Counter()
     for f in storage.list_files(storage.join(out, "status=ok"), ".parquet"):
         # Only the entities' category leaf column is read.
         table = storage.parquet_file(f).read(columns=["entities.list.element.category"])
         ok += table.num_rows
         for chunk in table.column("entities").chunks:
+            empty += pc.sum(pc.equal(pc.list_value_length(chunk), 0)).as_py() or 0
             for v in pc.value_counts(pc.list_flatten(chunk).field("category")):
                 cats[v["values"].as_py()] += v["counts"].as_py()
     bad = storage.list_files(storage.join(out, "status=quarantined"), ".parquet")
     quarantined = storage.dataset(bad).count_rows() if bad else 0
-    return ok, quarantined + len(driver_quarantine), cats
+    return ok, quarantined + len(driver_quarantine), cats, empty
+
+
+def _warnings(cfg: CtrlgenConfig, out: str, documents: int, empty: int) -> list[str]:
+    """What a user running their own notes should hear: most notes without entities; raw PHI in the known setting."""
+    from ctrlgen.corpora.mimic import raw_phi_share
+
+    found: list[str] = []
+    if documents and empty / documents > 0.5:
+        how = (
+            "the known setting counts only the corpus' own annotations (MIMIC: [**...**] placeholders); notes with "
+            "names and dates written out need extraction.setting=unknown"
+            if cfg.extraction.setting == "known"
+            else "check extraction.recognizers and corpus.identifiers (direct protects no dates or places)"
+        )
+        found.append(f"{empty:,} of {documents:,} notes ({100 * empty / documents:.0f}%) have no private entity: "
+                     f"{how} (docs/quickstart.md)")  # fmt: skip
+    if cfg.extraction.setting == "known" and cfg.corpus.format == "mimic" and documents:
+        files = storage.list_files(storage.join(out, "status=ok"), ".parquet")
+        texts = storage.parquet_file(files[0]).read(columns=["text"]).column("text").to_pylist()[:500] if files else []
+        share = raw_phi_share([t or "" for t in texts])
+        if share > 0.2:
+            found.append(
+                f"{100 * share:.0f}% of the notes sampled hold names, dates or record numbers written out (not in "
+                "[**...**] placeholders), which the known setting does not see: use extraction.setting=unknown "
+                "for raw notes (docs/quickstart.md)"
+            )
+    return found
 
 
 def _default_rows_per_block(cfg: CtrlgenConfig) -> int:
@@ -290,8 +322,12 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
         from ctrlgen.schema import quarantine_to_table
 
         storage.write_parquet(quarantine_to_table(driver_quarantine), storage.join(out, "reader-quarantine.parquet"))
-    ok, bad, cats = _count(out, driver_quarantine)
-    return ExtractSummary(ok + bad, ok, bad, cats, time.perf_counter() - t0, out)
+    ok, bad, cats, empty = _count(out, driver_quarantine)
+    summary = ExtractSummary(ok + bad, ok, bad, cats, time.perf_counter() - t0, out, empty)
+    summary.warnings = _warnings(cfg, out, ok, empty)
+    for w in summary.warnings:
+        print(f"extract: warning: {w}", file=sys.stderr, flush=True)
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:

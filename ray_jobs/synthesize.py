@@ -60,7 +60,8 @@ class SynthesizeSummary:
 
 def fingerprints(cfg: CtrlgenConfig) -> dict[str, str]:
     """Per stage: a hash of the settings its output depends on, cumulative over the stages before it."""
-    out, sections = {}, []
+    out: dict[str, str] = {}
+    sections: list[str] = []
     for stage in STAGES:
         sections += _DEPENDS[stage]
         out[stage] = fingerprint(cfg, sections)

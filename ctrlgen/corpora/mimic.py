@@ -8,6 +8,7 @@ typed entities (the *known* setting). Files are streamed in record batches, so a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ __all__ = [
     "noteevent_shards",
     "open_parquet",
     "parse_noteevent",
+    "raw_phi_share",
     "read_mimic",
 ]
 
@@ -54,6 +56,32 @@ NOTEEVENTS_COLUMNS = (
     "TEXT",
 )
 REQUIRED_COLUMNS = ("ROW_ID", "SUBJECT_ID", "CATEGORY", "TEXT")
+_PLACEHOLDER = re.compile(r"\[\*\*.*?\*\*\]", re.DOTALL)
+# PHI written out, as de-identified MIMIC notes never have it: a titled surname, a full date, a labelled
+# record number or a labelled full name.
+_RAW_PHI = re.compile(
+    r"\b(?:Dr|Mr|Mrs|Ms|Miss)\.?\s+[A-Z][a-z]{2,}"
+    r"|\b\d{1,2}/\d{1,2}/(?:\d{4}|\d{2})\b|\b(?:1[89]|2[01])\d{2}-\d{1,2}-\d{1,2}\b"
+    r"|\b(?:MRN|MR#|Medical Record(?: Number)?|Unit No)\s*[:#.]?\s*\d{5,}"
+    r"|\b(?:Name|Patient)\s*:\s*[A-Z][a-z]+\s+[A-Z][a-z]+"
+)
+
+
+def raw_phi_share(texts: list[str]) -> float:
+    """Share of ``texts`` holding PHI written out (outside ``[**...**]`` placeholders), which the known setting misses.
+
+    A heuristic for a warning, not an extractor: titled surnames ("Dr. Smith"), full dates
+    ("3/4/2101", "2101-03-04"), labelled record numbers ("MRN 1234567"), labelled names.
+
+    Example:
+        >>> raw_phi_share(["Seen by Dr. [**Last Name**] on [**2101-3-4**].", "Seen by Dr. Smith on 3/4/2101."])
+        0.5
+    """
+    if not texts:
+        return 0.0
+    return sum(1 for t in texts if _RAW_PHI.search(_PLACEHOLDER.sub(" ", t))) / len(texts)
+
+
 _BLOCK = 16 << 20  # CSV bytes per batch
 
 

@@ -96,7 +96,7 @@ class DPPlan:
     max_grad_norm: float  # C
     delta: float
     target_epsilon: float | None
-    accountant: str
+    accountant: Literal["rdp", "prv"]
     per_worker_units: tuple[int, ...]  # U_w, the contiguous share of units of each worker
     reproducible_noise: bool = False  # randomness from the config seed: NOT private
 
