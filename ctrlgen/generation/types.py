@@ -26,6 +26,7 @@ class GenerationRequest:
         max_new_tokens: this row's limit (None: the engine's ``sampling.max_new_tokens``).
         adapter: the prefix adapter the row generates through (a name the engine was given; None: the
             engine's default, the base model unless the engine was built on a prefix model).
+        temperature, top_p: this row's sampling (None: the engine's ``sampling``); temperature 0 is greedy.
     """
 
     prompt: str
@@ -34,6 +35,8 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     max_new_tokens: int | None = None
     adapter: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
 
 
 @dataclass

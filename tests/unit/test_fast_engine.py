@@ -45,9 +45,19 @@ def _tiny(arch: str = "llama", seed: int = 0) -> tuple[Any, Any]:
     )  # fmt: skip
     configs = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {"tie_word_embeddings": True}),
-        "llama3-rope": (tf.LlamaConfig, tf.LlamaForCausalLM, {"rope_scaling": {
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64}}),
+        "llama3-rope": (
+            tf.LlamaConfig,
+            tf.LlamaForCausalLM,
+            {
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+        ),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, {"tie_word_embeddings": False}),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM, {"sliding_window": 8}),
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, {"head_dim": 16}),
@@ -190,7 +200,9 @@ def test_mixed_adapter_batch_equals_each_adapter_alone_and_the_peft_model(llama:
         if name is not None:
             alone.add_adapter(name, peft_models[0 if name == "a" else 1])
         mine = [r for r in reqs if r.adapter == name]
-        assert [x.text for x in alone.generate(mine)] == [m for m, r in zip(mixed, reqs, strict=True) if r.adapter == name]
+        assert [x.text for x in alone.generate(mine)] == [
+            m for m, r in zip(mixed, reqs, strict=True) if r.adapter == name
+        ]
     # the reference: transformers' generate through each PEFT model (HFEngine over the adapters)
     ref = HFEngine(model, tok, greedy, batch_size=1, adapters={"a": peft_models[0], "b": peft_models[1]})
     assert [r.text for r in ref.generate(reqs)] == mixed
@@ -316,6 +328,39 @@ def test_counter_draws_follow_the_distribution_and_topk_equals_sort() -> None:
                        sample_tokens(wide, s, c, temperature=0.7, top_p=0.9))  # fmt: skip
     u = counter_uniform(torch.zeros(10000, dtype=torch.long), torch.arange(10000))
     assert 0 <= float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.02
+
+
+def test_per_row_temperature_and_top_p_draw_as_the_same_settings_for_the_whole_batch() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(48, 500) * 3
+    seeds, c = torch.arange(48), torch.full((48,), 5)
+    temps = torch.tensor([0.0, 0.7, 1.3] * 16)
+    tops = torch.tensor([0.9, 1.0, 0.5, 0.95] * 12)
+    mixed = sample_tokens(logits, seeds, c, temperature=temps, top_p=tops, candidates=64)
+    assert torch.equal(mixed, sample_tokens(logits, seeds, c, temperature=temps, top_p=tops))
+    for i in range(48):  # each row as if the whole batch had its settings
+        one = sample_tokens(logits[i : i + 1], seeds[i : i + 1], c[i : i + 1], temperature=float(temps[i]),
+                            top_p=float(tops[i]))  # fmt: skip
+        assert int(mixed[i]) == int(one[0])
+
+
+def test_a_request_samples_with_its_own_temperature_and_top_p(llama: tuple[Any, Any]) -> None:
+    model, tok = llama
+    p = _prompts(1, seed=4)[0]
+    eng = _fast(model, tok)
+    greedy = _fast(model, tok, sampling=SamplingConfig(max_new_tokens=24, temperature=0)).generate(
+        [GenerationRequest(p)]
+    )
+    own = eng.generate([GenerationRequest(p, seed=s, temperature=0.0) for s in (1, 2)]
+                       + [GenerationRequest(p, seed=1), GenerationRequest(p, seed=1, temperature=0.8, top_p=0.9)])  # fmt: skip
+    assert own[0].text == own[1].text == greedy[0].text  # temperature 0: greedy, whatever the seed
+    assert own[2].text == own[3].text  # the engine's own settings, given explicitly: the same draw
+    hot = eng.generate([GenerationRequest(p, seed=1, temperature=5.0, top_p=1.0)])[0]
+    assert hot.text != own[2].text
+    # the reference engine honours them too (batches of one setting each)
+    ref = HFEngine(model, tok, SamplingConfig(max_new_tokens=24, temperature=0.8, top_p=0.9), batch_size=4)
+    rg = ref.generate([GenerationRequest(p, seed=s, temperature=0.0) for s in (1, 2)] + [GenerationRequest(p, seed=1)])
+    assert rg[0].text == rg[1].text == greedy[0].text
 
 
 def test_factory_builds_fast_by_default_and_falls_back_for_other_architectures(capsys: Any) -> None:

@@ -203,11 +203,19 @@ class HFEngine:
                 )
             else:
                 todo.append(i)
-        todo.sort(key=lambda i: (lengths[i], requests[i].prompt))  # same prompts side by side: one prefill
-        for start in range(0, len(todo), self.batch_size):
-            idx = todo[start : start + self.batch_size]
-            for i, res in zip(idx, self._generate_batch([requests[i] for i in idx]), strict=True):
-                results[i] = res
+        # Batches of one sampling setting each (a request's own temperature / top_p, else the engine's).
+        groups: dict[tuple[float, float], list[int]] = {}
+        for i in todo:
+            r = requests[i]
+            t = self.sampling.temperature if r.temperature is None else r.temperature
+            groups.setdefault((t, self.sampling.top_p if r.top_p is None else r.top_p), []).append(i)
+        for (temperature, top_p), members in groups.items():
+            members.sort(key=lambda i: (lengths[i], requests[i].prompt))  # same prompts side by side: one prefill
+            for start in range(0, len(members), self.batch_size):
+                idx = members[start : start + self.batch_size]
+                out = self._generate_batch([requests[i] for i in idx], temperature, top_p)
+                for i, res in zip(idx, out, strict=True):
+                    results[i] = res
         return [r for r in results if r is not None]
 
     @contextmanager
@@ -233,7 +241,9 @@ class HFEngine:
         return cache
 
     @torch.inference_mode()
-    def _generate_batch(self, batch: Sequence[GenerationRequest]) -> list[GenerationResult]:
+    def _generate_batch(
+        self, batch: Sequence[GenerationRequest], temperature: float, top_p: float
+    ) -> list[GenerationResult]:
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         t0 = time.perf_counter()
@@ -255,8 +265,7 @@ class HFEngine:
         if any(r.banned for r in batch):
             # In place: generate() is not asked for raw logits here, so nothing else holds the scores.
             processors.append(RowBannedTokens([r.banned for r in batch], vocab, device, inplace=True))
-        processors.append(RowSampler([r.seed for r in batch], self.sampling.temperature, self.sampling.top_p,
-                                     self.sampling.top_k))  # fmt: skip
+        processors.append(RowSampler([r.seed for r in batch], temperature, top_p, self.sampling.top_k))
         stops = sorted({s for r in batch for s in r.stop})
         limits = [self.limit(r) for r in batch]
         gen_cfg = GenerationConfig(

@@ -15,6 +15,9 @@ Semantics:
   with the last one);
 * both: the intersection (the stricter cut-off).
 
+``temperature`` and ``top_p`` are one value for every row, or a ``[rows]`` tensor (each row its own; a
+request's own sampling settings); a row's draw is the same either way.
+
 Example:
     >>> import torch
     >>> u1 = counter_uniform(torch.tensor([7, 7, 8]), torch.tensor([0, 1, 0]))
@@ -61,7 +64,9 @@ def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor
     return (h >> 8).to(torch.float32) * (1.0 / (1 << 24))  # 24 bits: exact in float32, < 1
 
 
-def nucleus_cutoff(probs: torch.Tensor, top_p: float, top_k: int, *, candidates: int = 0) -> torch.Tensor:
+def nucleus_cutoff(
+    probs: torch.Tensor, top_p: float | torch.Tensor, top_k: int, *, candidates: int = 0
+) -> torch.Tensor:
     """``[rows]`` the smallest probability a row keeps (see module doc); ``probs`` ``[rows, vocab]``.
 
     ``candidates`` > 0 looks for the cut-off among that many most likely tokens first (``topk``, cheap on the
@@ -71,18 +76,22 @@ def nucleus_cutoff(probs: torch.Tensor, top_p: float, top_k: int, *, candidates:
     vocab = probs.shape[-1]
     k_needed = min(top_k, vocab) if top_k > 0 else 0
     srt: torch.Tensor | None = None
+    per_row = isinstance(top_p, torch.Tensor)
     if 0 < candidates < vocab and k_needed <= candidates:
         top = torch.topk(probs, candidates, dim=-1).values  # descending
-        if top_p >= 1.0 or bool((top.sum(-1) >= top_p).all()):
+        if (not per_row and top_p >= 1.0) or bool((top.sum(-1) >= top_p).all()):
             srt = top
     if srt is None:
         srt = torch.sort(probs, dim=-1, descending=True).values
     cut = torch.zeros(probs.shape[0], dtype=probs.dtype, device=probs.device)
-    if top_p < 1.0:
+    if per_row or top_p < 1.0:
         cum = torch.cumsum(srt, dim=-1)
         # the first position whose running mass reaches top_p (the last one when rounding keeps it below)
-        idx = torch.searchsorted(cum, torch.full_like(cum[:, :1], top_p)).clamp(max=srt.shape[-1] - 1)
+        want = top_p.to(cum.dtype)[:, None] if isinstance(top_p, torch.Tensor) else torch.full_like(cum[:, :1], top_p)
+        idx = torch.searchsorted(cum, want).clamp(max=srt.shape[-1] - 1)
         cut = srt.gather(1, idx)[:, 0]
+        if per_row:  # rows with top_p >= 1 keep every token
+            cut = torch.where(top_p < 1.0, cut, torch.zeros_like(cut))
     if k_needed:
         cut = torch.maximum(cut, srt[:, k_needed - 1])
     return cut
@@ -93,8 +102,8 @@ def sample_tokens(
     seeds: torch.Tensor,
     counters: torch.Tensor,
     *,
-    temperature: float,
-    top_p: float = 1.0,
+    temperature: float | torch.Tensor,
+    top_p: float | torch.Tensor = 1.0,
     top_k: int = 0,
     candidates: int = 0,
 ) -> torch.Tensor:
@@ -103,12 +112,17 @@ def sample_tokens(
     ``seeds`` and ``counters`` (``[rows]`` int64) key each row's uniform draw. A row whose every token is
     banned gets token 0's argmax semantics of ``torch.argmax`` (its first entry); callers see it in the text.
     """
-    if temperature == 0:
+    greedy: torch.Tensor | None = None
+    if isinstance(temperature, torch.Tensor):
+        greedy = temperature <= 0
+        x = logits.float() / torch.where(greedy, torch.ones_like(temperature), temperature).to(torch.float32)[:, None]
+    elif temperature == 0:
         return torch.argmax(logits, dim=-1)
-    x = logits.float() / temperature
+    else:
+        x = logits.float() / temperature
     probs = torch.softmax(x, dim=-1)  # [rows, vocab]
     probs = torch.nan_to_num(probs, nan=0.0)  # a row with every token banned: all zero
-    if top_p < 1.0 or top_k > 0:
+    if isinstance(top_p, torch.Tensor) or top_p < 1.0 or top_k > 0:
         cut = nucleus_cutoff(probs, top_p, top_k, candidates=candidates)
         probs = probs.masked_fill(probs < cut[:, None], 0.0)
     cdf = torch.cumsum(probs, dim=-1)  # token-id order: independent of how the kept set was found
@@ -119,4 +133,5 @@ def sample_tokens(
     # the last kept token (the largest index with mass <= idx).
     kept = probs.gather(1, idx[:, None])[:, 0] > 0
     last_kept = (probs > 0).long().cumsum(-1).argmax(-1)  # first position of the final count = last kept token
-    return torch.where(kept, idx, last_kept)
+    out = torch.where(kept, idx, last_kept)
+    return out if greedy is None else torch.where(greedy, torch.argmax(logits, dim=-1), out)

@@ -129,7 +129,8 @@ class FastEngine:
         self._prefix: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
         self._prefix_tokens = 0
         self._bans_cache: OrderedDict[tuple[tuple[int, ...], ...], CompiledBans] = OrderedDict()
-        self._graphs: dict[tuple[int, int], Any] = {}
+        self._graphs: dict[tuple[int, int, bool], Any] = {}
+        self._row_sampling = False  # some request of the current call has its own temperature / top_p
         self._requested_len = max_len
         self.cache: KVCache | None = None
         self.stats = {"prefill_tokens": 0, "prefill_reused": 0, "steps": 0, "graph_captures": 0}
@@ -165,6 +166,9 @@ class FastEngine:
         self.count = torch.zeros(s, dtype=torch.int64, device=dev)
         self.limit = torch.zeros(s, dtype=torch.int64, device=dev)
         self.seeds = torch.zeros(s, dtype=torch.int64, device=dev)
+        # Each slot's sampling (a request's own temperature / top_p), read only while a call has such requests.
+        self.temps = torch.full((s,), float(self.sampling.temperature), dtype=torch.float32, device=dev)
+        self.top_ps = torch.full((s,), float(self.sampling.top_p), dtype=torch.float32, device=dev)
         self.out = torch.zeros((s, max(self.sampling.max_new_tokens, 1)), dtype=torch.int64, device=dev)
         self.bans = BanTables(s, r.vocab, dev)
         self._graphs.clear()
@@ -203,6 +207,7 @@ class FastEngine:
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Continue every request; results in request order."""
         results: list[GenerationResult | None] = [None] * len(requests)
+        self._row_sampling = any(r.temperature is not None or r.top_p is not None for r in requests)
         enc = self.tokenizer([r.prompt for r in requests], add_special_tokens=False)["input_ids"] if requests else []
         seqs: list[_Seq] = []
         for i, (req, ids) in enumerate(zip(requests, enc, strict=True)):
@@ -230,7 +235,9 @@ class FastEngine:
                 seq.request = req if req.adapter == name else _with_adapter(req, name)
                 seqs.append(seq)
         if seqs:
-            self._ensure_capacity(max(s.adapter_len + len(s.prompt) + s.limit for s in seqs), max(s.limit for s in seqs))
+            self._ensure_capacity(
+                max(s.adapter_len + len(s.prompt) + s.limit for s in seqs), max(s.limit for s in seqs)
+            )
             for seq, res in self._run(seqs):
                 results[seq.index] = res
         return [r if r is not None else GenerationResult("", finish="error", error="not generated") for r in results]
@@ -293,6 +300,10 @@ class FastEngine:
         self.count[slot] = 0
         self.limit[slot] = seq.limit
         self.seeds[slot] = int(seq.request.seed) % (1 << 63)
+        if self._row_sampling:
+            req = seq.request
+            self.temps[slot] = self.sampling.temperature if req.temperature is None else req.temperature
+            self.top_ps[slot] = self.sampling.top_p if req.top_p is None else req.top_p
         self.active[slot] = True
         self.bans.load(slot, seq.bans, seq.prompt)
 
@@ -301,7 +312,7 @@ class FastEngine:
         if not self.cuda_graphs:
             self._step_body(kv_len)
             return
-        key = (kv_len, self.bans.version)
+        key = (kv_len, self.bans.version, self._row_sampling)
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._capture(kv_len)
@@ -341,7 +352,9 @@ class FastEngine:
         if self.bans.any_rows:
             self.bans.apply(logits)
         s = self.sampling
-        tok = sample_tokens(logits, self.seeds, self.count, temperature=s.temperature, top_p=s.top_p,
+        temperature: float | torch.Tensor = self.temps if self._row_sampling else s.temperature
+        top_p: float | torch.Tensor = self.top_ps if self._row_sampling else s.top_p
+        tok = sample_tokens(logits, self.seeds, self.count, temperature=temperature, top_p=top_p,
                             top_k=getattr(s, "top_k", 0), candidates=0 if self.cuda else 256)  # fmt: skip
         act = self.active
         rows = torch.arange(self.slots, device=self.device)
