@@ -1,8 +1,9 @@
 """HTTP ingress (FastAPI through ``@serve.ingress``): versioned routes, limits, auth, JSON errors.
 
 Routes: ``POST /v1/synthesize``, ``POST /v1/extract``, ``POST /v1/score``, ``GET /v1/adapters``,
-``POST /v1/completions`` (OpenAI-compatible text completion with the base model, for the LLM
-anonymiser and other OpenAI clients), ``GET /healthz`` (no auth), OpenAPI at ``/docs`` and ``/openapi.json``.
+``POST /v1/completions`` and ``GET /v1/models`` (OpenAI-compatible text completion with the base model, for the
+LLM anonymiser and OpenAI clients: ``n``, ``temperature``, ``top_p``, ``seed``, ``stop`` per request, ``stream``
+as server-sent events), ``GET /healthz`` (no auth), OpenAPI at ``/docs`` and ``/openapi.json``.
 
 * **Auth**: ``Authorization: Bearer <token>`` on every route but ``/healthz`` (and on ``/docs``,
   ``/openapi.json`` unless ``serve.docs_need_token`` is off). Two tokens, one per scope, read at
@@ -37,7 +38,7 @@ from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
@@ -118,14 +119,22 @@ class CompletionIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = Field(None, description="Accepted for compatibility; the service has one base model.")
-    prompt: str | list[str] = Field(description="A prompt, or a list of prompts (one choice each).")
+    prompt: str | list[str] = Field(description="A prompt, or a list of prompts (n choices each).")
     max_tokens: int | None = Field(None, ge=1, description="New tokens per choice; capped by the server.")
-    temperature: float | None = Field(None, ge=0, description="Accepted; the server's sampling settings apply.")
-    top_p: float | None = Field(None, gt=0, le=1, description="Accepted; the server's sampling settings apply.")
-    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Seeds sampling (prompt i: a seed derived from it).")
+    temperature: float | None = Field(
+        None, ge=0, le=2, description="Sampling temperature (0: greedy); default the server's."
+    )
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus mass; default the server's.")
+    seed: int | None = Field(
+        None, ge=0, le=2**63 - 1, description="Seeds sampling (each choice: a seed derived from it)."
+    )
     stop: str | list[str] | None = Field(None, description="Up to 4 stop strings (cut before them).")
-    n: int = Field(1, ge=1, le=1, description="Choices per prompt (only 1).")
-    stream: bool = Field(False, description="Streaming is not supported.")
+    n: int = Field(1, ge=1, le=8, description="Choices per prompt (at most 8).")
+    stream: bool = Field(
+        False,
+        description="Answer as server-sent events in OpenAI's chunk format: one chunk per choice once it is "
+        "generated (whole texts, not token by token), then [DONE].",
+    )
 
 
 class ApiError(Exception):
@@ -236,6 +245,18 @@ def _error(status: int, message: str, request_id: str, **extra: Any) -> JSONResp
     return JSONResponse({"error": message, "request_id": request_id, **extra}, status_code=status, headers=headers)
 
 
+def _sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
+    """Server-sent events as OpenAI streams them: one ``data: <json>`` event per chunk, then ``data: [DONE]``."""
+    import json
+
+    async def events() -> Any:
+        for c in chunks:
+            yield f"data: {json.dumps(c)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
 def _rid(request: Request) -> str:
     rid = getattr(request.state, "request_id", None)
     if rid is None:
@@ -256,7 +277,8 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
 
 
 def _route_name(path: str) -> str:
-    known = {"/v1/synthesize", "/v1/extract", "/v1/score", "/v1/completions", "/v1/adapters", "/healthz", *_DOCS}
+    known = {"/v1/synthesize", "/v1/extract", "/v1/score", "/v1/completions", "/v1/models", "/v1/adapters",
+             "/healthz", *_DOCS}  # fmt: skip
     return path if path in known else "other"  # a fixed set: metric tags never carry what a client typed
 
 
@@ -374,6 +396,8 @@ class Api:
         _configure(read_tokens(cfg), cfg.serve.max_body_bytes, cfg.serve.docs_need_token)
         self.generator, self.extractor, self.scorer = generator, extractor, scorer
         self.adapter_names = sorted(cfg.serve.adapters)
+        self.model_name = cfg.model.name
+        self.started = int(time.time())
 
     async def _call(self, response: Any, what: str) -> Any:
         """Await a handle call with the request timeout; map Serve's failures onto 503 / 504."""
@@ -515,8 +539,6 @@ class Api:
         """OpenAI-compatible completions from the base model (no control codes, no release gate): the
         endpoint ``anonymizer.endpoint`` and other OpenAI clients can use. Batched with the other outputs."""
         t0 = time.perf_counter()
-        if body.stream:
-            raise ApiError(422, "stream=true is not supported; send stream=false")
         prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
         if not prompts:
             raise ApiError(422, "prompt is an empty list")
@@ -526,13 +548,16 @@ class Api:
             raise ApiError(422, f"{len(stop)} stop strings sent; at most 4")
         seed = body.seed if body.seed is not None else secrets.randbelow(2**63)
         max_new = min(body.max_tokens or self.default_max_new_tokens, self.cfg.max_new_tokens)
-        req = {"prompts": prompts, "seed": seed, "max_new_tokens": max_new, "stop": stop}
+        if len(prompts) * body.n > 64:
+            raise ApiError(422, f"{len(prompts)} prompts x n={body.n} is over 64 choices a request")
+        req = {"prompts": prompts, "seed": seed, "max_new_tokens": max_new, "stop": stop, "n": body.n,
+               "temperature": body.temperature, "top_p": body.top_p}  # fmt: skip
         out = await self._call(self.generator.complete.remote(req), "completion")
         rid = _rid(request)
         failed = [(i, c["error"]) for i, c in enumerate(out["choices"]) if c.get("error")]
         if failed:  # engine errors name sizes only (e.g. a prompt over the model's positions)
             raise ApiError(422, f"prompt[{failed[0][0]}]: {failed[0][1]}")
-        logger.info("completions %s: %d prompts, %d new tokens, %.2f s", rid, len(prompts),
+        logger.info("completions %s: %d prompts x %d, %d new tokens, %.2f s", rid, len(prompts), body.n,
                     out["completion_tokens"], time.perf_counter() - t0)  # fmt: skip
         choices = [
             {"index": i, "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None}
@@ -543,5 +568,14 @@ class Api:
             "completion_tokens": out["completion_tokens"],
             "total_tokens": out["prompt_tokens"] + out["completion_tokens"],
         }
-        return {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()),
-                "model": body.model or out["model"], "choices": choices, "usage": usage}  # fmt: skip
+        head = {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()),
+                "model": body.model or out["model"]}  # fmt: skip
+        if body.stream:
+            return _sse([{**head, "choices": [c]} for c in choices] + [{**head, "choices": [], "usage": usage}])
+        return {**head, "choices": choices, "usage": usage}
+
+    @app.get("/v1/models", dependencies=[Depends(_audit)])
+    async def models(self) -> dict[str, Any]:
+        """OpenAI's model list (clients call it first): the one base model ``/v1/completions`` serves."""
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.started,
+                                            "owned_by": "ctrlgen"}]}  # fmt: skip

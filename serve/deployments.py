@@ -181,17 +181,21 @@ class Generator:
         }
 
     async def complete(self, req: dict[str, Any]) -> dict[str, Any]:
-        """``req``: prompts, seed, max_new_tokens, stop (checked by the ingress). Raw continuations of the base
-        model through the same batch queue; no known values, so no gate."""
+        """``req``: prompts, seed, max_new_tokens, stop, n, temperature, top_p (checked by the ingress). Raw
+        continuations of the base model through the same batch queue; no known values, so no gate."""
         from ctrlgen.generation.engine import GenerationRequest
         from ctrlgen.generation.icl import ModeRequest, row_seed
 
-        seed = req["seed"]
+        seed, n = req["seed"], int(req.get("n", 1))
+        # Choice j of prompt i (OpenAI's index i * n + j): the request's seed for the very first, a derived one else.
+        seeds = [seed if i == j == 0 else row_seed(seed, "completion", str(i) if j == 0 else f"{i}#{j}")
+                 for i in range(len(req["prompts"])) for j in range(n)]  # fmt: skip
+        prompts = [p for p in req["prompts"] for _ in range(n)]
         items = [
-            _Item(ModeRequest(GenerationRequest(p, seed=seed if i == 0 else row_seed(seed, "completion", str(i)),
-                                                stop=tuple(req["stop"]), max_new_tokens=req["max_new_tokens"]), ()),
+            _Item(ModeRequest(GenerationRequest(p, seed=s, stop=tuple(req["stop"]), max_new_tokens=req["max_new_tokens"],
+                                                temperature=req.get("temperature"), top_p=req.get("top_p")), ()),
                   None, False, "completion")
-            for i, p in enumerate(req["prompts"])
+            for p, s in zip(prompts, seeds, strict=True)
         ]  # fmt: skip
         done = await asyncio.gather(*(self._batch(it) for it in items))
         tok = self.tokenizer

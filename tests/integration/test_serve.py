@@ -90,7 +90,7 @@ def test_health_needs_no_token_and_every_other_route_does(service):
     assert call(service, "/healthz", token=None) == (200, {"status": "ok"})
     for path, body in [("/v1/synthesize", {}), ("/v1/extract", {"documents": [{"text": "x"}]}),
                        ("/v1/score", {"texts": ["x"]}), ("/v1/adapters", None), ("/v1/completions", {"prompt": "x"}),
-                       ("/openapi.json", None), ("/docs", None)]:  # fmt: skip
+                       ("/v1/models", None), ("/openapi.json", None), ("/docs", None)]:  # fmt: skip
         status, ans = call(service, path, body, token=None)
         assert status == 401 and "bearer token" in ans["error"], path
     from serve.launch import http
@@ -296,8 +296,8 @@ def test_openai_completions_route_drives_the_llm_anonymiser(service, monkeypatch
                                                      "seed": 3, "temperature": 0.7, "user": "ignored"})  # fmt: skip
     assert status == 200 and ans["object"] == "text_completion" and len(ans["choices"]) == 2
     assert 0 < ans["usage"]["completion_tokens"] <= 12 and ans["usage"]["prompt_tokens"] > 0
-    assert call(service, "/v1/completions", {"prompt": "x", "stream": True})[0] == 422
     assert call(service, "/v1/completions", {"prompt": "x", "stop": list("abcde")})[0] == 422
+    assert call(service, "/v1/completions", {"prompt": "x", "n": 9})[0] == 422
     monkeypatch.setenv("CTRLGEN_TEST_KEY", service.audit_token)
     engine = OpenAICompletionsEngine(service.url + "/v1", sampling=SamplingConfig(max_new_tokens=6),
                                      api_key_env="CTRLGEN_TEST_KEY", timeout_s=60)  # fmt: skip
@@ -313,6 +313,33 @@ def test_openai_completions_route_drives_the_llm_anonymiser(service, monkeypatch
     unauth = OpenAICompletionsEngine(service.url + "/v1", api_key_env=None, retries=0)
     out = unauth.generate([GenerationRequest("x", max_new_tokens=2)])[0]
     assert out.finish == "error" and "HTTP 401" in (out.error or "")
+
+
+def test_the_official_openai_client_lists_models_completes_samples_n_and_streams(service):
+    """OpenAI's own Python client against /v1: models.list (tools call it first), n choices, the request's
+    temperature / top_p / seed honoured, stream=True as server-sent events."""
+    import openai
+
+    client = openai.OpenAI(base_url=service.url + "/v1", api_key=service.audit_token, timeout=120, max_retries=0)
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny-llama"]
+    kw = {"model": "tiny-llama", "prompt": "Vital signs", "max_tokens": 8, "seed": 11}
+    greedy = client.completions.create(**kw, temperature=0, n=3)
+    assert [c.index for c in greedy.choices] == [0, 1, 2]
+    assert len({c.text for c in greedy.choices}) == 1  # temperature 0: the same text whatever each choice's seed
+    hot = client.completions.create(**kw, temperature=2.0, top_p=1.0, n=3)
+    assert len({c.text for c in hot.choices}) > 1  # the request's temperature, not the server's
+    again = client.completions.create(**kw, temperature=2.0, top_p=1.0, n=3)
+    assert [c.text for c in again.choices] == [c.text for c in hot.choices]  # the seed reproduces
+    two = client.completions.create(**{**kw, "prompt": ["Vital signs", "Pt is"]}, temperature=0, n=2)
+    assert [c.index for c in two.choices] == [0, 1, 2, 3] and two.choices[0].text == greedy.choices[0].text
+    chunks = list(client.completions.create(**kw, temperature=2.0, top_p=1.0, n=3, stream=True))
+    streamed = {c.index: c.text for ch in chunks for c in ch.choices}
+    assert streamed == {c.index: c.text for c in hot.choices}
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=service.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    with pytest.raises(openai.PermissionDeniedError):  # the release scope has no raw completions
+        openai.OpenAI(base_url=service.url + "/v1", api_key=service.token, max_retries=0).models.list()
 
 
 def test_sharded_scores_equal_the_whole_corpus_metrics(service):
