@@ -17,6 +17,9 @@ from ctrlgen.schema import CATEGORIES, Document, Entity
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = (ROOT / ".." / "shared" / "tools" / "physionet-deid").resolve()
+pytestmark = pytest.mark.skipif(
+    not TOOL.is_dir(), reason=f"needs PhysioNet's deid tool (its name lists) at {TOOL}, beside the repository"
+)
 
 
 def _physionet(shared: Path, n: int) -> list[Document]:
