@@ -235,7 +235,7 @@ def test_two_runs_of_one_config_draw_different_noise_unless_reproducible() -> No
 
     a, b = noisy_grad(None), noisy_grad(SecureRandomness())  # None: make_private's default, the secure source
     assert not torch.allclose(a, b)
-    assert float((a - b).std() * 4.0) == pytest.approx(2.0**0.5, rel=0.15)  # two independent draws of sigma C = 1
+    assert float((a - b).std() * 4.0) == pytest.approx(2.0**0.5, rel=0.2)  # two independent draws of sigma C = 1 (320 each: 5 sd)
     assert torch.equal(noisy_grad(SeededRandomness(5)), noisy_grad(SeededRandomness(5)))
 
 
@@ -331,8 +331,10 @@ def test_noise_has_std_sigma_c_and_an_empty_batch_still_steps() -> None:
     opt.add_noise = audited
     per_example_lm_loss(gsm(input_ids=ids, attention_mask=att).logits, labels).mean().backward()
     opt.step()
-    assert observed_noise_std([p.grad for p in params], kept, 4.0) == pytest.approx(1.0, rel=0.1)  # 320 draws
+    # 320 secret draws: the sample std's sd is 1/sqrt(640) = 4%, so 20% is 5 sd (fails ~1e-6 of runs; 10% failed
+    # in a run) and still tells sigma C = 1 from the factor-2 slips (sigma alone 2, C alone 0.5) it is here for.
+    assert observed_noise_std([p.grad for p in params], kept, 4.0) == pytest.approx(1.0, rel=0.2)
     opt.zero_grad()
     empty_grad_samples(opt)  # a worker whose Poisson draw is empty: noise only
     opt.step()
-    assert torch.all(kept[0] == 0) and float(params[0].grad.std() * 4.0) == pytest.approx(1.0, rel=0.1)
+    assert torch.all(kept[0] == 0) and float(params[0].grad.std() * 4.0) == pytest.approx(1.0, rel=0.2)
