@@ -29,6 +29,25 @@ overridden after the options as key.sub=value, for example:
 
 
 def cmd_config(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ctrlgen.config_docs import describe_text, render_markdown
+
+    if args.markdown:
+        page = render_markdown()
+        if args.out is None:
+            print(page, end="")
+            return 0
+        if args.check:
+            same = Path(args.out).is_file() and Path(args.out).read_text(encoding="utf-8") == page
+            print(f"{args.out} {'matches' if same else 'differs from'} the config models' rendering")
+            return 0 if same else 1
+        Path(args.out).write_text(page, encoding="utf-8")
+        print(f"wrote {args.out}")
+        return 0
+    if args.describe:
+        print(describe_text(cfg), end="")
+        return 0
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
     return 0
 
@@ -552,8 +571,8 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
     "synthesize": (
         cmd_synthesize,
         "The whole pipeline as one job: extraction -> prefix training (when generation.modes has prefix) -> "
-        "generation with the release gate -> leakage scoring. Resumable: a re-run skips finished stages and "
-        "generation continues from the documents already written.",
+        "generation with the release gate -> leakage scoring -> export (<output_dir>/release and its release card). "
+        "Resumable: a re-run skips finished stages and generation continues from the documents already written.",
     ),
     "export": (
         cmd_export,
@@ -579,25 +598,56 @@ _VERBS: dict[str, tuple[Callable[[CtrlgenConfig, argparse.Namespace], int], str]
     ),
     "leakage": (cmd_leakage, "PIPP/ELP per mode of generated Parquet output (recomputed from the text)."),
     "assets": (cmd_assets, "Load the offline spaCy pipeline and sentence encoder to check they are installed."),
-    "config": (cmd_config, "Print the resolved config (file + overrides + defaults) as YAML."),
+    "config": (
+        cmd_config,
+        "Print the resolved config (file + overrides + defaults) as YAML; --describe: every field with its value, "
+        "type and description; --markdown: docs/configuration.md.",
+    ),
+}
+
+#: The verbs as `ctrlgen --help` lists them, by what a user comes for.
+_GROUPS: dict[str, list[str]] = {
+    "start here": ["synthesize", "export", "demo", "config"],
+    "pipeline stages": ["ingest", "extract", "train-ner", "codes", "train", "generate", "anonymize"],
+    "evaluation": ["evaluate", "semantic-attack", "leakage", "experiment", "results-page", "extract-report"],
+    "operations": ["serve", "submit", "model", "assets", "demo-corpus"],
+}
+#: Per verb, the keys a user sets for their own data (the rest has working defaults).
+_KEYS: dict[str, str] = {
+    "synthesize": "corpus.format, corpus.path, extraction.setting (known: [**...**] placeholders; unknown: raw notes), "
+    "generation.modes, generation.num_documents, output_dir",
+    "export": "output_dir (the synthesize output), export.format, export.modes",
+    "extract": "corpus.format, corpus.path, extraction.setting, output_dir",
+    "train": "training.input (an extraction output) or the corpus keys, training.variant, output_dir",
+    "generate": "generation.input (an extraction output), generation.modes, output_dir",
+    "evaluate": "evaluation.input, evaluation.references, output_dir",
+    "serve": "serve.contexts (an extraction output), serve.token_file, --serve-config",
+    "submit": "the job's own keys, ray.address / --address",
+    "experiment": "corpus.*, experiment.methods, experiment.settings, experiment.seeds, output_dir",
 }
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     p = argparse.ArgumentParser(
         prog="ctrlgen",
-        description="Controlled generation of private synthetic text: corpus readers, entities, "
-        "control codes, generation and privacy/utility metrics.",
+        description="Controlled generation of private synthetic text: from a corpus of notes to a synthetic corpus "
+        "you may release, with its privacy measured. New here: docs/quickstart.md, then `ctrlgen synthesize`.\n\n"
+        + "\n".join(f"  {group + ':':<17} {', '.join(verbs)}" for group, verbs in _GROUPS.items()),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     subs = {}
-    for name, (_, help_text) in _VERBS.items():
+    ordered = [v for group in _GROUPS.values() for v in group]
+    if sorted(ordered) != sorted(_VERBS):
+        raise AssertionError(f"verbs and groups differ: {sorted(set(ordered) ^ set(_VERBS))}")
+    for name in ordered:
+        help_text = _VERBS[name][1]
+        keys = f"\n\nKeys to set for your own data: {_KEYS[name]}." if name in _KEYS else ""
         sp = sub.add_parser(
             name,
             help=help_text,
-            description=help_text,
+            description=help_text + keys,
             epilog=_EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
@@ -643,6 +693,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             sp.add_argument("--seeds", default="",
                             help="More NER training seeds, comma-separated (e.g. 1,2): the pooled CV figures of "
                             "each beside the configured seed's, with mean and sd (trains k NERs per seed).")  # fmt: skip
+        if name == "config":
+            sp.add_argument("--describe", action="store_true", help="Every field: value, type and description.")
+            sp.add_argument("--markdown", action="store_true", help="The field reference as Markdown (the docs page).")
+            sp.add_argument("--out", default=None, help="With --markdown: write this file (docs/configuration.md).")
+            sp.add_argument("--check", action="store_true", help="With --markdown --out: exit 1 if the file differs.")
         if name == "results-page":
             sp.add_argument("--spec", default="docs/results_page.json", help="The page spec (runs, notes, checks).")
             sp.add_argument("--out", default="docs/results.md", help="Markdown file to write.")

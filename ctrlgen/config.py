@@ -444,9 +444,14 @@ class GenerationConfig(_Model):
 class LossWeightsConfig(_Model):
     """l_LM, l_c, l_KL of the masked and masked_paper losses (paper: all 1)."""
 
-    lm: float = Field(1.0, ge=0.0)
-    contrastive: float = Field(1.0, ge=0.0)
-    kl: float = Field(1.0, ge=0.0)
+    lm: float = Field(1.0, ge=0.0, description="Weight of the LM loss (masked: public tokens, M_t = 1, only).")
+    contrastive: float = Field(
+        1.0,
+        ge=0.0,
+        description="Weight of the term on private tokens (M_t = 0): the paper's ratio (masked_paper) or "
+        "the ratio reversed (masked; docs/training.md).",
+    )
+    kl: float = Field(1.0, ge=0.0, description="Weight of the KL to the base model on public tokens.")
 
 
 class DPConfig(_Model):
@@ -545,7 +550,7 @@ class TrainingConfig(_Model):
         "random: PEFT's default initialisation (far from the model: SmolLM2's loss starts ~4x higher).",
     )
     learning_rate: float = Field(5e-5, gt=0.0, description="AdamW learning rate (paper: 5e-5).")
-    weight_decay: float = Field(0.0, ge=0.0)
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay of the prefix parameters.")
     epochs: int = Field(3, ge=1, description="Passes over the training documents (paper: 3).")
     max_steps: int | None = Field(
         None, ge=1, description="Stop after this many optimizer steps in total (None: `epochs` full passes)."

@@ -43,3 +43,35 @@ def test_codes_needs_an_ingest_first(tmp_path, capsys):
 def test_model_info_on_tiny_llama(capsys):
     assert main(["model", "info", "model.name=tiny-llama"]) == 0
     assert "LlamaForCausalLM" in capsys.readouterr().out
+
+
+def test_the_configuration_page_is_the_rendering_of_the_config_models() -> None:
+    from pathlib import Path
+
+    from ctrlgen.config_docs import describe, render_markdown
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert page == render_markdown(), (
+        "docs/configuration.md is stale: ctrlgen config --markdown --out docs/configuration.md"
+    )
+    missing = [r.key for r in describe() if r.type != "section" and not r.description and not r.key.endswith(".format")]
+    assert not missing, f"config fields without a description: {missing}"
+
+
+def test_config_describe_prints_the_resolved_values_with_their_descriptions(capsys) -> None:
+    assert main(["config", "--describe", "-c", "configs/quickstart.yaml", "generation.num_documents=7"]) == 0
+    out = capsys.readouterr().out
+    assert 'corpus.path = "NOTEEVENTS.csv"  # str; ' in out and "generation.num_documents = 7  # int | None; " in out
+    assert 'extraction.setting = "unknown"  # known | unknown; known: ' in out
+
+
+def test_help_groups_the_verbs_and_names_the_keys_to_set(capsys) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "start here:       synthesize, export, demo, config" in out and "docs/quickstart.md" in out
+    with pytest.raises(SystemExit):
+        main(["synthesize", "--help"])
+    assert "Keys to set for your own data: corpus.format, corpus.path" in capsys.readouterr().out
