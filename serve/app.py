@@ -4,6 +4,7 @@
 
     config: configs/demo.yaml          # a ctrlgen config (model, generation, extraction, serve sections)
     overrides: ["serve.contexts=..."]  # key.sub=value overrides, as on the command line
+    config_json: "{...}"               # or: a whole resolved config (`ctrlgen serve --write-deploy`)
 
 The graph: ``Api`` (ingress) -> ``Generator``, ``Extractor``, ``Scorer`` -> ``ScorerShard0..n-1``.
 Paths in the config should be absolute when the app is deployed on a cluster (replicas do not
@@ -16,7 +17,7 @@ from typing import Any
 
 from ray.serve import Application
 
-from ctrlgen.config import load_config
+from ctrlgen.config import CtrlgenConfig, apply_overrides, load_config
 from serve.api import Api
 from serve.deployments import Extractor, Generator, Scorer, ScorerShard, contexts_path, references_path
 
@@ -30,10 +31,16 @@ def shard_name(i: int) -> str:
 
 def build_app(args: dict[str, Any]) -> Application:
     """The service graph from a ctrlgen config file and overrides."""
-    unknown = set(args) - {"config", "overrides"}
+    unknown = set(args) - {"config", "overrides", "config_json"}
     if unknown:
-        raise ValueError(f"unknown application args {sorted(unknown)} (expected: config, overrides)")
-    cfg = load_config(args.get("config"), list(args.get("overrides") or []))
+        raise ValueError(f"unknown application args {sorted(unknown)} (expected: config, overrides or config_json)")
+    if args.get("config_json"):  # a resolved config (`ctrlgen serve --write-deploy`): nothing to read on this node
+        cfg = CtrlgenConfig.model_validate_json(args["config_json"])
+        cfg = CtrlgenConfig.model_validate(
+            apply_overrides(cfg.model_dump(mode="json"), list(args.get("overrides") or []))
+        )
+    else:
+        cfg = load_config(args.get("config"), list(args.get("overrides") or []))
     contexts_path(cfg), references_path(cfg)  # fail at build time, with the config's own message
     cfg_json = cfg.model_dump_json()
     n = cfg.serve.scorer_shards

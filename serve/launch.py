@@ -28,7 +28,16 @@ from ctrlgen.config import CtrlgenConfig, default_cache_dir
 from ctrlgen.errors import CtrlgenError
 from ray_jobs.runtime import init_ray
 
-__all__ = ["Service", "ensure_tokens", "http", "init_ray", "load_serve_config", "start_service", "stop_service"]
+__all__ = [
+    "Service",
+    "app_args",
+    "ensure_tokens",
+    "http",
+    "init_ray",
+    "load_serve_config",
+    "start_service",
+    "stop_service",
+]
 
 APP_NAME = "ctrlgen"
 
@@ -85,8 +94,30 @@ def ensure_tokens(cfg: CtrlgenConfig) -> dict[str, tuple[str, str]]:
     return tokens
 
 
-def load_serve_config(path: str | Path, app_args: dict[str, Any], port: int | None = None) -> Any:
-    """A Serve config file with ``args`` injected into its application, validated by Serve's schema."""
+def app_args(config_file: str | None, overrides: list[str], tokens: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """The application's ``args``: the ctrlgen config and overrides, and the tokens' digests (never the tokens:
+    the digests reach replicas on every node through the Serve config, no token file needed there)."""
+    from serve.api import token_digest
+
+    return {
+        "config": str(Path(config_file).resolve()) if config_file else None,
+        "overrides": [
+            *overrides,
+            f"serve.token_sha256={token_digest(tokens['release'][0])}",
+            f"serve.audit_token_sha256={token_digest(tokens['audit'][0])}",
+        ],
+    }
+
+
+def load_serve_config(
+    path: str | Path,
+    app_args: dict[str, Any],
+    port: int | None = None,
+    host: str | None = None,
+    replace_args: bool = False,
+) -> Any:
+    """A Serve config file with ``args`` injected into its application (and the HTTP port / host given),
+    validated by Serve's schema."""
     from ray.serve.schema import ServeDeploySchema
 
     p = Path(path)
@@ -96,9 +127,11 @@ def load_serve_config(path: str | Path, app_args: dict[str, Any], port: int | No
     apps = data.get("applications") or []
     if len(apps) != 1:
         raise CtrlgenError(f"Serve config {p} must hold exactly one application (found {len(apps)})")
-    apps[0]["args"] = {**(apps[0].get("args") or {}), **app_args}
+    apps[0]["args"] = dict(app_args) if replace_args else {**(apps[0].get("args") or {}), **app_args}
     if port is not None:
         data.setdefault("http_options", {})["port"] = port
+    if host is not None:
+        data.setdefault("http_options", {})["host"] = host
     try:
         return ServeDeploySchema.model_validate(data)
     except Exception as exc:  # pydantic's message names the offending keys
@@ -112,6 +145,7 @@ def start_service(
     overrides: list[str],
     *,
     port: int | None = None,
+    host: str | None = None,
     timeout_s: float = 600.0,
 ) -> Service:
     """Deploy the service on the cluster Ray is connected to (started by :func:`init_ray`)."""
@@ -120,15 +154,7 @@ def start_service(
     from ray.serve.config import gRPCOptions
 
     tokens = ensure_tokens(cfg)
-    args = {
-        "config": str(Path(config_file).resolve()) if config_file else None,
-        "overrides": [
-            *overrides,
-            f"serve.token_file={tokens['release'][1]}",
-            f"serve.audit_token_file={tokens['audit'][1]}",
-        ],
-    }
-    schema = load_serve_config(serve_config, args, port)
+    schema = load_serve_config(serve_config, app_args(config_file, overrides, tokens), port, host)
     http = schema.http_options
     client = serve_api.serve_start(
         http_options=http.model_dump(),

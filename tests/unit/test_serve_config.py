@@ -57,3 +57,34 @@ def test_the_jobs_dashboard_charts_every_job_metric():
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     assert len(names) == 7
     assert not [n for n in names if f"ray_{n}" not in exprs]
+
+
+def test_write_deploy_gives_a_self_contained_serve_config_with_token_digests_only(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from ray.serve.schema import ServeDeploySchema
+
+    from ctrlgen.cli import main
+    from serve.api import read_tokens, token_digest
+    from serve.app import build_app
+
+    ext = tmp_path / "extracted" / "status=ok"
+    ext.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([{"doc_id": "a", "text": "Seen by Smith.", "control_code": "PERSON: Smith",
+                                          "entities": []}]), ext / "part-0.parquet")  # fmt: skip
+    monkeypatch.setenv("CTRLGEN_SERVE_TOKEN", "release-token-for-deploy-0123")
+    monkeypatch.setenv("CTRLGEN_SERVE_AUDIT_TOKEN", "audit-token-for-deploy-0123")
+    out = tmp_path / "deploy.yaml"
+    rc = main(["serve", "-c", "configs/serve_tiny.yaml", "--serve-config", "configs/serve/tiny.yaml", "--host", "0.0.0.0",
+               "--write-deploy", str(out), f"serve.contexts={tmp_path / 'extracted'}"])  # fmt: skip
+    assert rc == 0
+    text = out.read_text()
+    assert "release-token-for-deploy" not in text and "audit-token-for-deploy" not in text
+    schema = ServeDeploySchema.model_validate(yaml.safe_load(text))
+    assert schema.http_options.host == "0.0.0.0"
+    args = schema.applications[0].args
+    assert set(args) == {"config_json"}  # no path of this machine's config files
+    cfg = load_config(None, []).model_validate_json(args["config_json"])
+    assert read_tokens(cfg) == {"release": token_digest("release-token-for-deploy-0123"),
+                                "audit": token_digest("audit-token-for-deploy-0123")}  # fmt: skip
+    assert build_app(args) is not None  # what a replica's node builds from it

