@@ -400,13 +400,15 @@ async def healthz() -> dict[str, str]:
 class Api:
     """The ingress: checks, auth, limits and error mapping around the model-side deployments."""
 
-    def __init__(self, cfg_json: str, generator: Any, extractor: Any, scorer: Any) -> None:
+    def __init__(self, cfg_json: str, generator: Any, extractor: Any, scorer: Any, limiter: Any = None) -> None:
         cfg = CtrlgenConfig.model_validate_json(cfg_json)
         self.cfg = cfg.serve
         self.default_max_new_tokens = cfg.generation.sampling.max_new_tokens
         gate = cfg.generation.gate
         self.gated = frozenset(gate.modes if gate.enabled else ())
-        # Per token (one per scope) and per ingress replica: k Api replicas let a token through k times.
+        # Per token (one per scope), for the whole service: the ScoreLimiter deployment (one replica) holds the
+        # buckets; without one (an app built by hand), a bucket per ingress replica.
+        self.limiter = limiter
         self.score_limiter = RateLimiter(cfg.serve.score_rate_texts, cfg.serve.score_rate_window_s)
         _configure(read_tokens(cfg), cfg.serve.max_body_bytes, cfg.serve.docs_need_token)
         self.generator, self.extractor, self.scorer = generator, extractor, scorer
@@ -537,7 +539,11 @@ class Api:
         scores and the reference documents they come from. Audit scope, rate-limited per token.
         """
         self._texts_ok(body.texts, "texts")
-        wait = self.score_limiter.take(request.state.scope, len(body.texts))
+        scope, cost = request.state.scope, len(body.texts)
+        if self.limiter is not None:
+            wait = await self._call(self.limiter.take.remote(scope, cost), "rate limiting")
+        else:
+            wait = self.score_limiter.take(scope, cost)
         if wait > 0:
             raise ApiError(
                 429, f"over the rate limit of {self.cfg.score_rate_texts} texts per "

@@ -6,7 +6,8 @@
     overrides: ["serve.contexts=..."]  # key.sub=value overrides, as on the command line
     config_json: "{...}"               # or: a whole resolved config (`ctrlgen serve --write-deploy`)
 
-The graph: ``Api`` (ingress) -> ``Generator``, ``Extractor``, ``Scorer`` -> ``ScorerShard0..n-1``.
+The graph: ``Api`` (ingress) -> ``Generator``, ``Extractor``, ``Scorer`` -> ``ScorerShard0..n-1``, and
+``ScoreLimiter`` (one replica: the /v1/score rate per token for the whole service).
 Paths in the config should be absolute when the app is deployed on a cluster (replicas do not
 share the deployer's working directory); ``ctrlgen serve`` makes them so.
 """
@@ -19,7 +20,7 @@ from ray.serve import Application
 
 from ctrlgen.config import CtrlgenConfig, apply_overrides, load_config
 from serve.api import Api
-from serve.deployments import Extractor, Generator, Scorer, ScorerShard, contexts_path, references_path
+from serve.deployments import Extractor, Generator, ScoreLimiter, Scorer, ScorerShard, contexts_path, references_path
 
 __all__ = ["build_app", "shard_name"]
 
@@ -45,4 +46,5 @@ def build_app(args: dict[str, Any]) -> Application:
     cfg_json = cfg.model_dump_json()
     n = cfg.serve.scorer_shards
     shards = [ScorerShard.options(name=shard_name(i)).bind(cfg_json, i, n) for i in range(n)]
-    return Api.bind(cfg_json, Generator.bind(cfg_json), Extractor.bind(cfg_json), Scorer.bind(shards))
+    limiter = ScoreLimiter.bind(cfg.serve.score_rate_texts, cfg.serve.score_rate_window_s)
+    return Api.bind(cfg_json, Generator.bind(cfg_json), Extractor.bind(cfg_json), Scorer.bind(shards), limiter)

@@ -31,7 +31,7 @@ from ctrlgen.errors import CtrlgenError
 from ctrlgen.metrics.leakage import ValueIndex
 from serve.metrics import metrics
 
-__all__ = ["Extractor", "Generator", "Scorer", "ScorerShard", "contexts_path", "references_path"]
+__all__ = ["Extractor", "Generator", "ScoreLimiter", "Scorer", "ScorerShard", "contexts_path", "references_path"]
 
 logger = logging.getLogger("ray.serve")
 
@@ -301,6 +301,21 @@ class ScorerShard:
 
     async def score(self, texts: list[str], floors: list[float] | None = None) -> list[Any]:
         return await asyncio.to_thread(self.index.score, texts, floors)
+
+
+@serve.deployment(name="ScoreLimiter", num_replicas=1, max_ongoing_requests=1000)
+class ScoreLimiter:
+    """The /v1/score rate limit of the whole service: one token bucket per token, in one replica, so that
+    ingress replicas added by autoscaling do not multiply what a token may send."""
+
+    def __init__(self, capacity: int, window_s: float) -> None:
+        from serve.api import RateLimiter
+
+        self.limiter = RateLimiter(capacity, window_s)
+
+    def take(self, key: str, cost: int) -> float:
+        """Seconds to wait before ``cost`` texts fit (0: taken now)."""
+        return self.limiter.take(key, cost)
 
 
 @serve.deployment(name="Scorer", max_ongoing_requests=32)
