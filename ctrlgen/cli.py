@@ -411,41 +411,13 @@ _RULES_CHOSEN = """**How the rules were made and chosen:** they were written
 
 
 def cmd_train_ner(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
-    import json
-    import shutil
+    from ctrlgen.extract.ner_setup import train_configured_ner
 
-    from ctrlgen.corpora import load_corpus
-    from ctrlgen.extract.crossval import TrainJob, ner_model_dir, train_cached
-    from ctrlgen.extract.ner import META_FILE
-
-    ex = cfg.extraction
-    out = args.out or ex.ner_model
+    out = args.out or cfg.extraction.ner_model
     if not out:
         raise CtrlgenError("train-ner: give --out DIR or set extraction.ner_model (where the NER is written)")
-    docs, quarantined, _ = load_corpus(cfg.corpus)
-    if args.limit:
-        docs = docs[: args.limit]
-    if not docs:
-        raise CtrlgenError(f"train-ner: the corpus {cfg.corpus.path} has no documents to train on")
-    # The key: what the model is trained on and how; an existing model with the same key is kept.
-    key = ner_model_dir(Path("."), docs, ex.ner_training, cfg.nlp.spacy_model, "k").name
-    meta_path = Path(out) / META_FILE
-    if meta_path.is_file() and not args.force:
-        old = json.loads(meta_path.read_text()).get("trained_on", {}).get("key")
-        if old == key:
-            print(
-                f"train-ner: {out} is already trained on these {len(docs)} documents with these settings (--force retrains)"
-            )
-            return 0
-    if Path(out).exists():
-        shutil.rmtree(out)
-    meta = {"key": key, "corpus": cfg.corpus.path, "format": cfg.corpus.format, "documents": len(docs),
-            "quarantined": len(quarantined), "config": args.config, "overrides": list(args.overrides),
-            "limit": args.limit}  # fmt: skip
-    train_cached([TrainJob(list(docs), Path(out), ex.ner_training, cfg.nlp.spacy_model, ex.name_lists, meta)], 1)
-    res = json.loads(meta_path.read_text())
-    print(f"train-ner: NER trained on {res['documents']} documents ({res['spans']} spans), {res['epochs']} epochs, "
-          f"seed {res['seed']}, in {res['seconds']:.0f} s -> {out}")  # fmt: skip
+    provenance = {"config": args.config, "overrides": list(args.overrides)}
+    print(train_configured_ner(cfg, cfg.corpus, out, limit=args.limit, force=args.force, provenance=provenance))
     return 0
 
 

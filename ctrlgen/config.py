@@ -245,6 +245,12 @@ class NerTrainingConfig(_Model):
     )
     folds: int = Field(5, ge=2, description="Patient folds of the extraction report's cross-validation.")
     workers: int = Field(2, ge=1, description="Folds trained in parallel processes.")
+    data: CorpusConfig | None = Field(
+        None,
+        description="A corpus with gold spans (e.g. {format: physionet, path: ...}) the NER is trained on the first "
+        "time the unknown setting needs extraction.ner_model and finds it untrained. None: train it with "
+        "`ctrlgen train-ner` (on the config's corpus) first.",
+    )
 
 
 class RuleTuningConfig(_Model):

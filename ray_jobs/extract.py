@@ -293,6 +293,9 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
     from ray_jobs.submit import absolute_paths
 
     cfg = absolute_paths(resolve_corpus(cfg))[0]  # actors may run in another working directory
+    from ctrlgen.extract.ner_setup import ensure_ner_model
+
+    ensure_ner_model(cfg)  # an untrained clinical NER is trained once, from extraction.ner_training.data
     init_ray(cfg)
     t0 = time.perf_counter()
     driver_quarantine: list[Quarantined] = []

@@ -50,7 +50,7 @@ class TrainJob:
 def ner_model_dir(cache: Path, docs: Sequence[Document], how: NerTrainingConfig, base_model: str, name: str) -> Path:
     """A cache directory keyed by the training documents and settings."""
     # a fine-tuned base NER keeps the key it had before width / depth existed
-    skip = {"folds", "workers"} | ({"width", "depth"} if how.width is None else set())
+    skip = {"folds", "workers", "data"} | ({"width", "depth"} if how.width is None else set())
     key = [sorted(d.doc_id for d in docs), how.model_dump(exclude=skip), base_model]
     h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
     return cache / f"{name}-{h.hexdigest()[:12]}"

@@ -349,3 +349,26 @@ def test_extract_report_scores_every_corpus_on_a_slice(tmp_path, shared, capsys)
     for section in ("### PhysioNet deid", "### TAB (annotator1)", "### ACI-Bench (metadata names and ages)"):
         assert section in text
     assert "| ctrlgen (general NER) | ALL |" in text and "| stock | ALL |" in text
+
+
+def test_an_untrained_ner_is_trained_on_first_use_from_the_configured_data(tmp_path, shared) -> None:
+    from ctrlgen.config import load_config
+    from ctrlgen.errors import CtrlgenError
+    from ctrlgen.extract.ner_setup import ensure_ner_model
+
+    model = tmp_path / "ner"
+    base = [f"extraction.ner_model={model}", "extraction.setting=unknown", "extraction.ner_training.epochs=1",
+            "extraction.ner_training.width=32", "extraction.ner_training.depth=1"]  # fmt: skip
+    with pytest.raises(CtrlgenError, match="ctrlgen train-ner"):  # no data configured: a clear error
+        ensure_ner_model(load_config(None, base))
+    data = ["extraction.ner_training.data.format=physionet",
+            f"extraction.ner_training.data.path={shared / 'physionet-deid'}", "extraction.ner_training.data.limit=20"]
+    said: list[str] = []
+    ensure_ner_model(load_config(None, base + data), said.append)
+    meta = json.loads((model / META_FILE).read_text())
+    assert meta["documents"] == 20 and meta["trained_on"]["trained_on_first_use"] is True
+    assert "not trained yet" in said[0] and "NER trained on 20 documents" in said[1]
+    stamp = (model / META_FILE).stat().st_mtime
+    ensure_ner_model(load_config(None, base + data), said.append)  # trained: nothing to do
+    assert len(said) == 2 and (model / META_FILE).stat().st_mtime == stamp
+    ensure_ner_model(load_config(None, [f"extraction.ner_model={tmp_path / 'other'}"]))  # known setting: no NER

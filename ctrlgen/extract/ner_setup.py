@@ -1,0 +1,89 @@
+"""Training the configured clinical NER: by `ctrlgen train-ner`, or on first use of the unknown setting.
+
+:func:`train_configured_ner` trains ``extraction.ner_model`` on a corpus with gold spans (kept when a model
+trained on the same documents with the same settings is already there); :func:`ensure_ner_model` is what
+the extraction job calls first: an untrained ``ner_model`` is trained from ``extraction.ner_training.data``,
+or named in a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ctrlgen.config import CtrlgenConfig
+from ctrlgen.errors import CtrlgenError
+
+__all__ = ["ensure_ner_model", "train_configured_ner"]
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def train_configured_ner(
+    cfg: CtrlgenConfig,
+    corpus: Any,
+    out: str,
+    *,
+    limit: int | None = None,
+    force: bool = False,
+    provenance: dict[str, Any] | None = None,
+) -> str:
+    """Train the NER of ``cfg.extraction`` on ``corpus`` (a corpus config with gold spans) into ``out``;
+    returns a one-line summary. An identical model already at ``out`` is kept unless ``force``."""
+    from ctrlgen.corpora import load_corpus
+    from ctrlgen.extract.crossval import TrainJob, ner_model_dir, train_cached
+    from ctrlgen.extract.ner import META_FILE
+
+    ex = cfg.extraction
+    docs, quarantined, _ = load_corpus(corpus)
+    if limit:
+        docs = docs[:limit]
+    if not docs:
+        raise CtrlgenError(f"train-ner: the corpus {corpus.path} has no documents to train on")
+    # The key: what the model is trained on and how; an existing model with the same key is kept.
+    key = ner_model_dir(Path("."), docs, ex.ner_training, cfg.nlp.spacy_model, "k").name
+    meta_path = Path(out) / META_FILE
+    if meta_path.is_file() and not force:
+        old = json.loads(meta_path.read_text()).get("trained_on", {}).get("key")
+        if old == key:
+            return f"train-ner: {out} is already trained on these {len(docs)} documents with these settings (--force retrains)"
+    if Path(out).exists():
+        shutil.rmtree(out)
+    meta = {"key": key, "corpus": corpus.path, "format": corpus.format, "documents": len(docs),
+            "quarantined": len(quarantined), "limit": limit, **(provenance or {})}  # fmt: skip
+    train_cached([TrainJob(list(docs), Path(out), ex.ner_training, cfg.nlp.spacy_model, ex.name_lists, meta)], 1)
+    res = json.loads(meta_path.read_text())
+    return (f"train-ner: NER trained on {res['documents']} documents ({res['spans']} spans), {res['epochs']} epochs, "
+            f"seed {res['seed']}, in {res['seconds']:.0f} s -> {out}")  # fmt: skip
+
+
+def ensure_ner_model(cfg: CtrlgenConfig, log: Callable[[str], None] = _log) -> None:
+    """Before an unknown-setting extraction: train ``extraction.ner_model`` from ``extraction.ner_training.data``
+    when it is not trained yet (nothing to do in the known setting, without a ner_model, or for a URI).
+
+    Raises:
+        CtrlgenError: the model is missing and no training data is configured.
+    """
+    from ctrlgen import storage
+    from ctrlgen.extract.ner import META_FILE
+
+    ex = cfg.extraction
+    if ex.setting != "unknown" or not ex.ner_model or storage.is_uri(ex.ner_model):
+        return
+    if (Path(ex.ner_model) / META_FILE).is_file():
+        return
+    data = ex.ner_training.data
+    if data is None:
+        raise CtrlgenError(
+            f"extraction.ner_model {ex.ner_model} holds no trained NER: train it with `ctrlgen train-ner -c <config>`, "
+            "or set extraction.ner_training.data (a corpus with gold spans) to train it on first use"
+        )
+    log(f"extract: the clinical NER {ex.ner_model} is not trained yet: training it on the {data.format} corpus "
+        f"{data.path} first (minutes; once)")  # fmt: skip
+    log(train_configured_ner(cfg, data, ex.ner_model, provenance={"trained_on_first_use": True}))
