@@ -24,6 +24,7 @@ Reads the extraction output (runs the extraction job first when
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -108,18 +109,29 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
 
 
-def _save(engine: Any, state: dict[str, Any], history: list[dict[str, Any]], rank: int) -> Any:
-    """Every rank writes its DeepSpeed shard (trainable params only); rank 0 adds adapter and history."""
+def _report(metrics: dict[str, Any], write: Any) -> None:
+    """``ray.train.report`` with a checkpoint staged in a temporary directory that is gone afterwards.
+
+    ``write(dir)`` fills the directory and says whether this rank has a checkpoint part. The report
+    persists it to the run's storage before returning (Ray Train's default, synchronous upload), so
+    nothing stays behind in the worker's temp space (thousands of directories over a long run otherwise).
+    """
+    import ray.train
     from ray.train import Checkpoint
 
-    d = tempfile.mkdtemp(prefix="ctrlgen-ckpt-")
+    with tempfile.TemporaryDirectory(prefix="ctrlgen-ckpt-") as d:
+        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(d) if write(d) else None)
+
+
+def _save(engine: Any, state: dict[str, Any], history: list[dict[str, Any]], rank: int, d: str) -> bool:
+    """Every rank writes its DeepSpeed shard (trainable params only) into ``d``; rank 0 adds adapter and history."""
     engine.save_checkpoint(d, tag="deepspeed", client_state=state, exclude_frozen_parameters=True)
     # Every rank calls save_pretrained (under ZeRO-3 a rank-0-only call hangs); only rank 0 writes.
     engine.module.save_pretrained(os.path.join(d, "adapter"), is_main_process=rank == 0)
     if rank == 0:
         Path(d, _STATE).write_text(json.dumps(state), encoding="utf-8")
         _write_jsonl(Path(d, _HISTORY), history)
-    return Checkpoint.from_directory(d)
+    return True
 
 
 @dataclass
@@ -259,8 +271,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 )
             if step % t.checkpoint_every == 0 or step == total:
                 state = {"step": step, "epoch": epoch + 1, "resumed_from": start}
-                ray.train.report({k: rec[k] for k in ("step", "loss", "lm", "contrastive", "kl")},
-                                 checkpoint=_save(engine, state, history, rank))  # fmt: skip
+                _report({k: rec[k] for k in ("step", "loss", "lm", "contrastive", "kl")},
+                        functools.partial(_save, engine, state, history, rank))  # fmt: skip
         if step < total and local + 1 < steps_per_epoch:
             raise CtrlgenError(f"worker {rank}: the examples ran out after {local + 1} of {steps_per_epoch} batches")
     _report_ingest(w, ingest, config["ingest_path"])
@@ -270,21 +282,19 @@ _DP_STATE = "dp_state.pt"
 
 
 def _save_dp(params: list[Any], optimizer: Any, state: dict[str, Any], history: list[dict[str, Any]],
-             model: Any, rank: int) -> Any:  # fmt: skip
-    """Rank 0 writes the prefix, AdamW state, accountant state and history (every rank holds the same)."""
+             model: Any, rank: int, d: str) -> bool:  # fmt: skip
+    """Rank 0 writes the prefix, AdamW state, accountant state and history into ``d`` (every rank holds the same)."""
     import torch
-    from ray.train import Checkpoint
 
     if rank != 0:
-        return None
-    d = tempfile.mkdtemp(prefix="ctrlgen-ckpt-")
+        return False
     torch.save({"params": [p.detach().cpu() for p in params], "optimizer": optimizer.state_dict()},
                os.path.join(d, _DP_STATE))  # fmt: skip
     with torch.no_grad():  # PEFT runs the prefix encoder to save it: no activation for Opacus's hooks
         model.save_pretrained(os.path.join(d, "adapter"))
     Path(d, _STATE).write_text(json.dumps(state), encoding="utf-8")
     _write_jsonl(Path(d, _HISTORY), history)
-    return Checkpoint.from_directory(d)
+    return True
 
 
 def dp_train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -438,8 +448,8 @@ def dp_train_loop_per_worker(config: dict[str, Any]) -> None:
         if step % t.checkpoint_every == 0 or step == plan.steps:
             eps = epsilon_spent(plan.noise_multiplier, plan.sample_rate, step, plan.delta, plan.accountant)
             state = {"step": step, "epoch": rec["epoch"], "resumed_from": start, "epsilon": eps, "plan": plan_json}
-            ray.train.report({k: rec[k] for k in ("step", "loss", "lm", "contrastive", "kl")},
-                             checkpoint=_save_dp(params, optimizer, state, history, model, rank))  # fmt: skip
+            _report({k: rec[k] for k in ("step", "loss", "lm", "contrastive", "kl")},
+                    functools.partial(_save_dp, params, optimizer, state, history, model, rank))  # fmt: skip
     _report_ingest(w, ingest, config["ingest_path"])
 
 

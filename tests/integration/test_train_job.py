@@ -5,6 +5,7 @@ local Ray cluster started by the test.
 """
 
 import json
+import os
 import statistics
 
 import pytest
@@ -59,11 +60,17 @@ def test_stopped_run_resumes_from_its_checkpoint_exactly(ray_cluster, tmp_path, 
     Exact: the prefix, the AdamW moments and the step are restored, and the data order is fixed
     (every worker reads its own contiguous share of the examples, in file order).
     """
+    import glob
+    import tempfile
+
     from ctrlgen.cli import main
 
+    staged = os.path.join(tempfile.gettempdir(), "ctrlgen-ckpt-*")  # where the workers stage checkpoints
+    before = set(glob.glob(staged))
     common = [f"corpus.path={shared / 'physionet-deid'}"]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     assert main(["train", "-c", CONFIG, *common, f"output_dir={straight}", "training.max_steps=4"]) == 0
+    assert set(glob.glob(staged)) <= before  # staged checkpoints are gone once reported
     extracted = f"training.input={straight / 'extracted'}"
     assert main(["train", "-c", CONFIG, *common, extracted, f"output_dir={stopped}", "training.max_steps=2"]) == 0
     first = _adapter(stopped)
