@@ -114,10 +114,12 @@ def test_submit_the_synthesize_pipeline_on_s3_then_resubmit_skips_it(head, tmp_p
             "corpus.format=mimic", f"corpus.path={corpus}", "corpus.limit=null", "generation.num_actors=1"]  # fmt: skip
     res = _submit(env, args)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    for stage in ("extract", "generate", "score"):
+    for stage in ("extract", "generate", "score", "export"):
         assert storage.exists(f"{out}/pipeline/{stage}.json")
+    card = json.loads(storage.read_text(f"{out}/release/release.json"))  # the release, on S3 too
+    assert list(card["modes"]) == ["icl_blocking"] and card["modes"]["icl_blocking"]["generated"] == 4
     table = json.loads(storage.read_text(f"{out}/generated/leakage.json"))
     assert {r["mode"] for r in table} == {"baseline", "icl", "icl_blocking"}
     again = _submit(env, args)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert again.stdout.count("skipped (done)") == 3
+    assert again.stdout.count("skipped (done)") == 4  # extract, generate, score, export

@@ -80,8 +80,9 @@ def test_synthesize_pipeline_reads_and_writes_only_s3(s3_server, tmp_path):
 
     keys = _objects(out)
     rel = [k.split("/run-a/", 1)[1] for k in keys]
-    for stage in ("extract", "train", "generate", "score"):
+    for stage in ("extract", "train", "generate", "score", "export"):
         assert f"pipeline/{stage}.json" in rel
+    assert {"release/RELEASE.md", "release/release.json"} <= set(rel)  # the release and its card, on S3
     assert any(r.startswith("extracted/status=ok/") and r.endswith(".parquet") for r in rel)
     assert any(r.startswith("train_data/status=ok/") for r in rel)
     assert "adapter/adapter_config.json" in rel
@@ -96,7 +97,7 @@ def test_synthesize_pipeline_reads_and_writes_only_s3(s3_server, tmp_path):
 
     again = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert again.stdout.count("skipped (done)") == 4
+    assert again.stdout.count("skipped (done)") == 5  # extract, train, generate, score, export
 
     # The evaluation job on the same output: references (the extraction) sharded on s3, records on s3.
     ev_cmd = [sys.executable, "-m", "ctrlgen.cli", "evaluate", *cmd[4:], "evaluation.num_shards=3"]
