@@ -101,6 +101,12 @@ def is_dir(path: str) -> bool:
     return bool(fs.get_file_info(p).type == pafs.FileType.Directory)
 
 
+def size(path: str) -> int:
+    """The size in bytes of the file at a local path or a URI."""
+    fs, inner = filesystem(path)
+    return int(fs.get_file_info(inner).size or 0)
+
+
 def list_files(path: str, suffix: str = "", recursive: bool = True) -> list[str]:
     """Files under ``path`` ending in ``suffix``, as strings of the same kind as ``path`` (sorted).
 

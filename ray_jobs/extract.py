@@ -179,9 +179,11 @@ def _read_parquet(paths: list[str], rows_per_block: int, min_blocks: int) -> Any
         ctx.use_datasource_v2 = v2
 
 
-def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined], rows_per_block: int) -> tuple[Any, str, bool]:
+def _dataset(
+    cfg: CtrlgenConfig, driver_quarantine: list[Quarantined], rows_per_block: int, read_warnings: list[str]
+) -> tuple[Any, str, bool]:
     """The input as a Ray dataset, what its rows are (noteevents | documents), and whether
-    its blocks already hold about ``rows_per_block`` rows."""
+    its blocks already hold about ``rows_per_block`` rows (warnings about the read go to ``read_warnings``)."""
     import ray
 
     corpus = cfg.corpus
@@ -205,6 +207,7 @@ def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined], rows_per_
         from ctrlgen.corpora._common import open_csv_as_bytes
 
         names, _ = open_csv_as_bytes(csvs[0])
+        read_warnings.extend(_compressed_csv_warnings(csvs))
         return (
             ray.data.read_csv(
                 csvs,
@@ -222,6 +225,25 @@ def _dataset(cfg: CtrlgenConfig, driver_quarantine: list[Quarantined], rows_per_
             driver_quarantine.append(rec)
     table = pa.Table.from_pylist(docs, schema=DOCUMENT_SCHEMA)
     return ray.data.from_arrow(table), "documents", False
+
+
+#: A gzip NOTEEVENTS file above this size gets a warning: one task decompresses and parses it whole.
+GZIP_WARN_BYTES = 64 * 2**20
+
+
+def _compressed_csv_warnings(csvs: list[str], limit: int = GZIP_WARN_BYTES) -> list[str]:
+    """Large ``.csv.gz`` inputs: gzip cannot be split, so one Ray task reads each such file from start to end
+    (extraction after it still runs in parallel). MIMIC-III's NOTEEVENTS.csv.gz (~1.1 GB) reads in minutes this
+    way, every time the corpus is read; `ctrlgen ingest` once writes Parquet shards that later runs read in
+    parallel."""
+    big = [(f, storage.size(f)) for f in csvs if f.endswith(".gz")]
+    return [
+        f"{os.path.basename(f)} ({n / 2**20:,.0f} MiB gzip) is decompressed and parsed by one task (gzip cannot be "
+        "split), on every run: for a corpus read more than once, run `ctrlgen ingest` on it once and set "
+        "corpus.path to its Parquet shards (or gunzip it; docs/quickstart.md)"
+        for f, n in big
+        if n >= limit
+    ]
 
 
 def _shards(path: str) -> list[str]:
@@ -299,12 +321,15 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
     init_ray(cfg)
     t0 = time.perf_counter()
     driver_quarantine: list[Quarantined] = []
+    read_warnings: list[str] = []
     ex = cfg.extraction
     # Presidio blocks are one batch (seconds of work each), so that both actors get work and
     # finish together; cheap placeholder blocks are larger (about 50k rows: a generated shard),
     # or Ray's per-block cost dominates.
     rows_per_block = ex.rows_per_block or _default_rows_per_block(cfg)
-    ds, input_kind, sized = _dataset(cfg, driver_quarantine, rows_per_block)
+    ds, input_kind, sized = _dataset(cfg, driver_quarantine, rows_per_block, read_warnings)
+    for w in read_warnings:  # before the read starts: it can take minutes
+        print(f"extract: warning: {w}", file=sys.stderr, flush=True)
     if not sized:
         # CSV and driver-read corpora can arrive as one block, which only one actor would
         # get: stream them into bounded blocks (no shuffle, no barrier).
@@ -327,9 +352,10 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
         storage.write_parquet(quarantine_to_table(driver_quarantine), storage.join(out, "reader-quarantine.parquet"))
     ok, bad, cats, empty = _count(out, driver_quarantine)
     summary = ExtractSummary(ok + bad, ok, bad, cats, time.perf_counter() - t0, out, empty)
-    summary.warnings = _warnings(cfg, out, ok, empty)
-    for w in summary.warnings:
+    found = _warnings(cfg, out, ok, empty)
+    for w in found:
         print(f"extract: warning: {w}", file=sys.stderr, flush=True)
+    summary.warnings = read_warnings + found
     return summary
 
 
