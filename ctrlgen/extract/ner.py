@@ -164,12 +164,40 @@ class NerTrainResult:
     seconds: float
     losses: list[float] = field(default_factory=list)
     trained_on: dict[str, Any] = field(default_factory=dict)
+    #: SHA-256 of the saved model's files (:func:`model_digest`): two set-ups trained the same model iff equal
+    weights_sha256: str = ""
+    #: the BLAS libraries and the kernels they chose for this CPU (threadpoolctl), which the weights depend on
+    blas: list[dict[str, Any]] = field(default_factory=list)
 
     def text(self) -> str:
         return (
             f"NER trained on {self.documents} documents ({self.spans} spans), {self.epochs} epochs, seed {self.seed}, "
-            f"in {self.seconds:.0f} s; losses {', '.join(f'{x:.0f}' for x in self.losses)} -> {self.path}"
+            f"in {self.seconds:.0f} s; losses {', '.join(f'{x:.0f}' for x in self.losses)} -> {self.path} "
+            f"(weights sha256 {self.weights_sha256[:16]})"
         )
+
+
+def model_digest(path: str | Path) -> str:
+    """SHA-256 over a saved pipeline's files (relative name and bytes, in name order), its metadata file excepted."""
+    import hashlib
+
+    root = Path(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file() and p.name != META_FILE):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def blas_kernels() -> list[dict[str, Any]]:
+    """The BLAS libraries loaded and the kernels each chose (OpenBLAS picks them per CPU unless
+    ``OPENBLAS_CORETYPE`` is set): a model's weights differ in their last bits from one choice to another."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:  # pragma: no cover - scikit-learn's dependency, always installed with mauve-text
+        return []
+    keys = ("internal_api", "version", "architecture", "num_threads")
+    return [{k: i.get(k) for k in keys} for i in threadpool_info() if i.get("user_api") == "blas"]
 
 
 def _ner_model_config(width: int, depth: int) -> dict[str, Any]:
@@ -279,6 +307,7 @@ def train_ner(
                               average_params=average_params,
                               augment_share=augment_share if surrogates else 0.0,
                               architecture="fine-tuned base NER" if width is None
-                              else f"fresh NER, tok2vec width {width}, depth {depth}"))  # fmt: skip
+                              else f"fresh NER, tok2vec width {width}, depth {depth}"),
+                         model_digest(out), blas_kernels())  # fmt: skip
     (out / META_FILE).write_text(json.dumps(asdict(res), indent=2) + "\n", encoding="utf-8")
     return res

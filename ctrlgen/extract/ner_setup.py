@@ -9,6 +9,7 @@ or named in a clear error.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -57,10 +58,48 @@ def train_configured_ner(
         shutil.rmtree(out)
     meta = {"key": key, "corpus": corpus.path, "format": corpus.format, "documents": len(docs),
             "quarantined": len(quarantined), "limit": limit, **(provenance or {})}  # fmt: skip
-    train_cached([TrainJob(list(docs), Path(out), ex.ner_training, cfg.nlp.spacy_model, ex.name_lists, meta)], 1)
+    job = TrainJob(list(docs), Path(out), ex.ner_training, cfg.nlp.spacy_model, ex.name_lists, meta)
+    env = pinned_blas_env()
+    if env and any(os.environ.get(k) != v for k, v in env.items()):
+        # OpenBLAS reads its kernel choice when numpy loads: train in a fresh process that starts with it set.
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        before = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                pool.submit(train_cached, [job], 1).result()
+        finally:
+            for k, v in before.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    else:
+        train_cached([job], 1)
     res = json.loads(meta_path.read_text())
+    kernels = ", ".join(f"{b['internal_api']} {b['architecture']}" for b in res["blas"]) or "BLAS unknown"
     return (f"train-ner: NER trained on {res['documents']} documents ({res['spans']} spans), {res['epochs']} epochs, "
-            f"seed {res['seed']}, in {res['seconds']:.0f} s -> {out}")  # fmt: skip
+            f"seed {res['seed']}, in {res['seconds']:.0f} s -> {out}; weights sha256 {res['weights_sha256']} "
+            f"({kernels} kernels)")  # fmt: skip
+
+
+def pinned_blas_env() -> dict[str, str]:
+    """The environment that makes the NER's training use the same floating-point kernels on every x86-64 CPU with
+    AVX2: OpenBLAS (numpy's) otherwise picks them per CPU (SkylakeX on this project's machines, Haswell or Zen
+    elsewhere), and the weights then differ in their last bits, which training amplifies. Empty elsewhere
+    (another architecture, or a CPU without AVX2/FMA). Training is deterministic on one machine with or without it
+    (seeded; checked by tests/unit/test_ner_determinism.py)."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return {}
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return {}
+    return {"OPENBLAS_CORETYPE": "Haswell"} if {"avx2", "fma"} <= flags else {}
 
 
 def ensure_ner_model(cfg: CtrlgenConfig, log: Callable[[str], None] = _log) -> None:

@@ -143,8 +143,18 @@ def test_train_ner_command_keeps_an_identical_model(tmp_path, shared, capsys) ->
             f"extraction.name_lists={TOOL / 'lists'}"]  # fmt: skip
     assert main(args) == 0
     assert "NER trained on 12 documents" in capsys.readouterr().out
+    meta = json.loads((tmp_path / "m" / META_FILE).read_text())
     assert main(args) == 0
     assert "already trained" in capsys.readouterr().out
+    # Retrained (another process, as on another set-up): the same weights, byte for byte, and the hash says so.
+    assert main([*args, "--force"]) == 0
+    again = json.loads((tmp_path / "m" / META_FILE).read_text())
+    assert len(meta["weights_sha256"]) == 64 and again["weights_sha256"] == meta["weights_sha256"]
+    assert again["weights_sha256"] in capsys.readouterr().out
+    from ctrlgen.extract.ner_setup import pinned_blas_env
+
+    if pinned_blas_env():  # x86-64 with AVX2: OpenBLAS ran the kernels pinned for every such CPU
+        assert {b["architecture"] for b in again["blas"] if b["internal_api"] == "openblas"} == {"Haswell"}
     assert main([*args, "extraction.ner_training.seed=1"]) == 0  # other settings: trained again
     assert "NER trained on 12 documents" in capsys.readouterr().out
 
