@@ -1,4 +1,5 @@
-"""Write one benchmark's section into docs/benchmarks.md, replacing its earlier version."""
+"""Write one benchmark's section into docs/benchmarks.md, replacing its earlier version; sections are kept in
+the order of the system's stages (``ORDER``), whatever order the benchmarks ran in."""
 
 from __future__ import annotations
 
@@ -7,16 +8,60 @@ from datetime import date
 from pathlib import Path
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-_HEAD = (
+
+#: (stage, the section titles of that stage in reading order); a section not listed goes last.
+ORDER: list[tuple[str, list[str]]] = [
+    ("Data path", ["Demo corpus generation and ingest (streaming)", "Driver memory and training ingest vs corpus size"]),
+    ("Extraction", ["Entity extraction", "Entity extraction: the clinical-NER engine vs the deid tool",
+                    "spaCy release and NER speed"]),
+    ("Prefix training", ["Prefix tuning: masked vs plain, 1 vs 2 Ray Train workers",
+                         "DP-SGD step vs plain prefix-tuning step"]),
+    ("Generation", ["Generation engine: CPU", "Generation engine: GPU", "GPU run",
+                    "ICL generation: hard token blocking and batched generation",
+                    "Generation speed: shared prefill, static cache, bf16", "Value variants: over-blocking and cost"]),
+    ("Serving", ["Serve: synthesis service vs offline engine"]),
+    ("Evaluation and the experiment", ["ROUGE maximum over a fine-tuning set: pruned vs all pairs",
+                                       "Canary exposure scoring: shared prompt pass",
+                                       "Downstream perplexity: float32 vs bf16 autocast"]),
+]  # fmt: skip
+
+_INTRO = (
     "# Benchmarks\n\n"
     "Every figure here is written by a script under `benchmarks/` (the command is in each\n"
-    "section); comparisons are made within one run, as ratios. Machine: 2 CPU cores, 24 GiB, no GPU.\n"
+    "section); comparisons are made within one run, as ratios. Machine: 2 CPU cores, 24 GiB, no GPU,\n"
+    "unless a section says otherwise. Sections follow the system's stages; each says when it ran.\n"
 )
+_SECTION = re.compile(r"^## (.+?)\n.*?(?=^## |\Z)", re.S | re.M)
+
+
+def _anchor(title: str) -> str:
+    """GitHub's heading anchor."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+def render(sections: dict[str, str]) -> str:
+    """The page: the intro, a contents list by stage, then the sections in ``ORDER`` (unlisted ones last)."""
+    rank = {t: i for i, t in enumerate(t for _, titles in ORDER for t in titles)}
+    titles = sorted(sections, key=lambda t: (rank.get(t, len(rank)), t))
+    lines = [_INTRO, "Contents:\n"]
+    for stage, listed in [*ORDER, ("Other", [t for t in titles if t not in rank])]:
+        here = [t for t in listed if t in sections]
+        if here:
+            lines.append(f"- {stage}: " + "; ".join(f"[{t}](#{_anchor(t)})" for t in here))
+    body = "\n".join(lines) + "\n\n" + "\n".join(sections[t].rstrip() + "\n" for t in titles)
+    return body.rstrip() + "\n"
+
+
+def sections_of(text: str) -> dict[str, str]:
+    return {m.group(1): m.group(0) for m in _SECTION.finditer(text)}
 
 
 def write_section(title: str, body: str) -> None:
-    text = DOC.read_text() if DOC.exists() else _HEAD
-    section = f"## {title}\n\n_Run on {date.today().isoformat()}._\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
-    DOC.write_text(text.rstrip() + "\n")
+    sections = sections_of(DOC.read_text()) if DOC.exists() else {}
+    sections[title] = f"## {title}\n\n_Run on {date.today().isoformat()}._\n\n{body.strip()}\n"
+    DOC.write_text(render(sections))
+
+
+if __name__ == "__main__":  # re-render the page in stage order, every section as it is
+    DOC.write_text(render(sections_of(DOC.read_text())))
+    print(f"{DOC}: {len(sections_of(DOC.read_text()))} sections")

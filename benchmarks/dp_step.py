@@ -34,7 +34,7 @@ from ctrlgen.training.dp import dp_plan, make_private, per_example_lm_loss
 from ctrlgen.training.prefix import batch_loss, init_prefix_from_text, prefix_model
 
 COMMAND = ".venv/bin/python benchmarks/dp_step.py"
-TITLE = "DP-SGD step vs plain prefix-tuning step (issue 19)"
+TITLE = "DP-SGD step vs plain prefix-tuning step"
 
 
 def _prefixed() -> tuple[torch.nn.Module, list[torch.nn.Parameter], object]:

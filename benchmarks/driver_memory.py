@@ -183,7 +183,7 @@ def main() -> None:
     if not args.no_write:
         from _report import write_section
 
-        write_section("Driver memory and training ingest vs corpus size (issue 16)", body)
+        write_section("Driver memory and training ingest vs corpus size", body)
 
 
 def _report(results: dict[tuple[str, int], dict[str, Any]], ingest: dict[int, Any], small: int, large: int) -> str:

@@ -113,7 +113,7 @@ def main() -> int:
         f"{job_s:.1f} s, reading, extraction and writing included, cluster start-up excluded; per core = notes / "
         "(2 actors x job seconds). Loops: models loaded and warmed before the clock starts.\n"
     )
-    write_section("Entity extraction: the clinical-NER engine vs the deid tool (issue 17)", body)
+    write_section("Entity extraction: the clinical-NER engine vs the deid tool", body)
     return 0
 
 
