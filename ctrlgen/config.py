@@ -880,9 +880,9 @@ class EvaluationConfig(_Model):
     )
     output: str | None = Field(None, description="Where records and metrics go; default <output_dir>/evaluation.")
     num_shards: int = Field(
-        8, ge=1, description="Reference shards (by a hash of doc_id): each scoring actor holds one shard at a time."
+        8, ge=1, description="Reference shards (by a hash of doc_id): a scoring actor holds at most two at a time."
     )
-    num_actors: int = Field(2, ge=1, description="Scoring actors.")
+    num_actors: int | None = Field(None, ge=1, description="Scoring actors; default one per CPU of the cluster.")
 
 
 class ExportConfig(_Model):

@@ -15,12 +15,15 @@ pick the fine-tuning references). Writes under ``evaluation.output``:
 Nothing corpus-sized reaches the driver or any one actor:
 
 1. the references are written once as ``num_shards`` hive partitions (``shard=k``, a hash of
-   doc_id), ICL references and fine-tuning references apart;
+   doc_id), ICL references and fine-tuning references apart; only the references some output
+   needs are kept (a semi-join on the ids the ICL rows name as contexts and the fine-tuning ids,
+   written per shard first): ICL outputs of a whole corpus reference only the context pool;
 2. each generated row is sent to the shards that hold its context documents (a fine-tuning
    row to every shard);
-3. ``groupby(shard).map_groups`` in an actor pool: an actor loads one shard's references,
-   indexes them (ROUGE index, entity windows, value automaton) and scores the rows sent there
-   (:class:`~ctrlgen.metrics.evaluate.ShardEvaluator`);
+3. the rows are sorted by shard and scored in batches by an actor pool (as many actors as the
+   cluster has CPUs unless ``evaluation.num_actors`` says): an actor loads the shards its batches
+   name (ROUGE index, entity windows, value automaton; the last two shards kept) and scores each
+   row against what the shard holds (:class:`~ctrlgen.metrics.evaluate.ShardEvaluator`);
 4. ``groupby(doc_id, mode)`` merges a row's partials (:func:`~ctrlgen.metrics.evaluate.merge_partials`:
    union, maximum, any), checking every context document was found;
 5. per-mode sums of :func:`~ctrlgen.metrics.evaluate.record_terms` and ``CountDistinct`` of the
@@ -32,6 +35,7 @@ Counts balance: records = generated rows, or the job fails naming both counts.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -61,6 +65,7 @@ __all__ = [
     "EvaluateSummary",
     "ReferenceShards",
     "ShardScorer",
+    "default_actors",
     "evaluate",
     "main",
     "metrics_table",
@@ -134,41 +139,97 @@ def _finetune_shards(path: str, from_ids: bool) -> Any:
     return fn
 
 
+def _context_ids(n: int) -> Any:
+    """map_batches: one row (doc_id, shard) per context document named by an ok ICL output."""
+    from ctrlgen.generation.report import FINETUNE_MODES
+
+    def fn(batch: pa.Table) -> pa.Table:
+        ids = [c for m, st, ctx in zip(batch.column("mode").to_pylist(), batch.column("status").to_pylist(),
+                                       batch.column("context_ids").to_pylist(), strict=True)
+               if st == "ok" and m not in FINETUNE_MODES for c in ctx or []]  # fmt: skip
+        ids = sorted(set(map(str, ids)))
+        return pa.table({"doc_id": pa.array(ids, pa.string()),
+                         "shard": pa.array([shard_of(d, n) for d in ids], pa.int32())})  # fmt: skip
+
+    return fn
+
+
+@functools.lru_cache(maxsize=8)
+def _shard_ids(dirs: tuple[str, ...]) -> frozenset[str]:
+    """The doc_ids written under these shard directories (cached in the worker: every block of the
+    references asks for the same few shards)."""
+    ids: set[str] = set()
+    for d in dirs:
+        t = _read_shard(d, ["doc_id"])
+        if t is not None:
+            ids.update(map(str, t.column("doc_id").to_pylist()))
+    return frozenset(ids)
+
+
+def _keep_referenced(path: str, n: int, kinds: tuple[str, ...]) -> Any:
+    """map_batches over references: keep the rows whose doc_id was written under ``kinds`` (``icl_ids``,
+    ``finetune_ids``) in its shard: a semi-join that reads, per block, only the id lists of its shards."""
+
+    def fn(batch: pa.Table) -> pa.Table:
+        ids = [str(d) for d in batch.column("doc_id").to_pylist()]
+        keep = [d in _shard_ids(tuple(storage.join(path, kind, f"shard={shard_of(d, n)}") for kind in kinds))
+                for d in ids]  # fmt: skip
+        return batch.filter(pa.array(keep, pa.bool_()))
+
+    return fn
+
+
 def shard_references(
-    icl: Any, path: str, num_shards: int, finetune: Any | None = None, finetune_ids: Any | None = None
+    icl: Any,
+    path: str,
+    num_shards: int,
+    finetune: Any | None = None,
+    finetune_ids: Any | None = None,
+    referenced: Any | None = None,
 ) -> ReferenceShards:
     """Write the references (extraction rows: doc_id, text, entities) as ``num_shards`` shards under ``path``.
 
     The fine-tuning references are either their own dataset (``finetune``: the experiment's
     fine-tuning notes carry planted canaries) or the ICL references whose doc_id is in
     ``finetune_ids`` (a dataset with a ``doc_id`` column: the adapter's training examples),
-    selected shard by shard. Raises when fine-tuning ids have no reference.
+    selected shard by shard. With ``referenced`` (the generated rows to score), only the ICL
+    references those rows name as contexts (and the ``finetune_ids``) are written: the rest of the
+    corpus is read once and dropped. Raises when fine-tuning ids have no reference.
     """
     import ray
     from ray.data.aggregate import CountDistinct, Sum
 
     storage.remove(path)
+    path = storage.absolute(path)
 
     def write(ds: Any, kind: str, columns: list[str]) -> None:
         ds.select_columns(columns).map_batches(_with_shard(num_shards), batch_format="pyarrow").write_parquet(
             storage.join(path, kind), partition_cols=["shard"]
         )
 
+    if finetune_ids is not None:
+        write(finetune_ids, "finetune_ids", ["doc_id"])
+    if referenced is not None:
+        referenced.select_columns(["mode", "status", "context_ids"]).map_batches(
+            _context_ids(num_shards), batch_format="pyarrow"
+        ).write_parquet(storage.join(path, "icl_ids"), partition_cols=["shard"])
+        kinds = ("icl_ids", "finetune_ids") if finetune_ids is not None else ("icl_ids",)
+        icl = icl.select_columns(_REF_COLUMNS).map_batches(
+            _keep_referenced(path, num_shards, kinds), batch_format="pyarrow"
+        )
     write(icl, "icl", _REF_COLUMNS)
     if finetune is None and finetune_ids is None:
-        return ReferenceShards(storage.absolute(path), num_shards, 0)
+        return ReferenceShards(path, num_shards, 0)
     if finetune is not None:
         write(finetune, "finetune", _REF_COLUMNS)
-    else:
-        write(finetune_ids, "finetune_ids", ["doc_id"])
     got = (
         ray.data.from_items([{"shard": k} for k in range(num_shards)])
-        .map_batches(_finetune_shards(storage.absolute(path), finetune is None), batch_format="pyarrow", batch_size=1)
+        .map_batches(_finetune_shards(path, finetune is None), batch_format="pyarrow", batch_size=1)
         .aggregate(CountDistinct("value"), Sum("missing"))
     )
     if int(got["sum(missing)"] or 0):
         raise CtrlgenError(f"{got['sum(missing)']} fine-tuning document(s) have no reference in the references given")
-    return ReferenceShards(storage.absolute(path), num_shards, int(got["count_distinct(value)"] or 0))
+    return ReferenceShards(path, num_shards, int(got["count_distinct(value)"] or 0))
 
 
 def _fan_out(n: int) -> Any:
@@ -195,10 +256,14 @@ def _fan_out(n: int) -> Any:
 
 
 class ShardScorer:
-    """map_groups (one group = one shard's rows): load that shard's references, score the rows."""
+    """map_batches over rows sorted by shard: score each row against the references of its shard, loading
+    a shard's references (and indexing them) when a batch first names it; the last two are kept."""
+
+    KEEP = 2
 
     def __init__(self, shards: ReferenceShards) -> None:
         self.shards = shards
+        self._loaded: dict[int, ShardEvaluator] = {}  # insertion order = least recently used first
 
     def _docs(self, kind: str, k: int) -> dict[str, RealDoc]:
         d = self.shards.shard_dir(kind, k)
@@ -208,12 +273,22 @@ class ShardScorer:
         rows = storage.dataset(files).to_table(columns=_REF_COLUMNS).to_pylist() if files else []
         return {str(r["doc_id"]): RealDoc.from_row(r) for r in rows}
 
-    def __call__(self, group: pa.Table) -> pa.Table:
-        if not group.num_rows:
+    def evaluator(self, k: int) -> ShardEvaluator:
+        ev = self._loaded.pop(k, None)
+        if ev is None:
+            ev = ShardEvaluator(self._docs("icl", k), self._docs("finetune", k))
+            while len(self._loaded) >= self.KEEP:
+                self._loaded.pop(next(iter(self._loaded)))
+        self._loaded[k] = ev
+        return ev
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        if not batch.num_rows:
             return PARTIAL_SCHEMA.empty_table()
-        k = int(group.column("shard")[0].as_py())
-        ev = ShardEvaluator(self._docs("icl", k), self._docs("finetune", k))  # one shard per call
-        return ev.table(group.select(_IN).to_pylist())
+        shards = batch.column("shard").to_pylist()
+        rows = batch.select(_IN).to_pylist()
+        parts = [self.evaluator(int(k)).partial(r) for k, r in zip(shards, rows, strict=True)]
+        return pa.Table.from_pylist(parts, schema=PARTIAL_SCHEMA)
 
 
 def _conform(batch: pa.Table) -> pa.Table:
@@ -249,11 +324,19 @@ def _ft_leaked(batch: pa.Table) -> pa.Table:
     return pa.table({"mode": modes, "value": pc.list_flatten(b.column("leaked"))})
 
 
+def default_actors() -> int:
+    """Scoring actors when the config does not say: one per CPU of the cluster (at least one)."""
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
 def evaluate(
-    generated: Any, shards: ReferenceShards, records_path: str, num_actors: int = 2
+    generated: Any, shards: ReferenceShards, records_path: str, num_actors: int | None = None, batch_rows: int = 256
 ) -> dict[str, dict[str, float]]:
     """Score a generated-rows dataset against ``shards``; write the records to ``records_path``
-    and return mode -> metrics (as :func:`~ctrlgen.metrics.evaluate.aggregate`)."""
+    and return mode -> metrics (as :func:`~ctrlgen.metrics.evaluate.aggregate`). ``num_actors``:
+    :func:`default_actors` when None."""
     import ray
     from ray.data.aggregate import CountDistinct, Sum
 
@@ -264,12 +347,13 @@ def evaluate(
     (
         generated.select_columns(_IN)
         .map_batches(_fan_out(shards.num_shards), batch_format="pyarrow")
-        .groupby("shard")
-        .map_groups(
+        .sort("shard")  # a batch then names one or two shards: an actor loads each shard once per run of rows
+        .map_batches(
             ShardScorer,
             fn_constructor_kwargs={"shards": shards},
             batch_format="pyarrow",
-            compute=even_pool(num_actors),
+            batch_size=batch_rows,
+            compute=even_pool(num_actors or default_actors()),
             num_cpus=0.5,
         )
         .map_batches(_conform, batch_format="pyarrow", batch_size=None)
@@ -350,10 +434,12 @@ def run(cfg: CtrlgenConfig) -> EvaluateSummary:
         if not files:
             raise CtrlgenError(f"{ft_path} holds no training examples (prefix rows are scored against them)")
         ids = ray.data.read_parquet(files).select_columns(["doc_id"])
-    _say(f"sharding the references of {refs} into {e.num_shards} shards")
-    shards = shard_references(references, storage.join(out, "references"), e.num_shards, finetune_ids=ids)
-    _say(f"scoring {gen} with {e.num_actors} actors")
-    metrics = evaluate(generated, shards, storage.join(out, "records"), e.num_actors)
+    _say(f"sharding the references of {refs} that the outputs name into {e.num_shards} shards")
+    shards = shard_references(references, storage.join(out, "references"), e.num_shards, finetune_ids=ids,
+                              referenced=generated)  # fmt: skip
+    actors = e.num_actors or default_actors()
+    _say(f"scoring {gen} with {actors} actors")
+    metrics = evaluate(generated, shards, storage.join(out, "records"), actors)
     storage.write_text(storage.join(out, "metrics.json"), json.dumps(metrics, indent=2) + "\n")
     storage.write_text(storage.join(out, "metrics.md"), metrics_table(metrics) + "\n")
     rows = int(sum(m["outputs"] + m["quarantined"] for m in metrics.values()))

@@ -150,6 +150,21 @@ def test_sharded_ray_evaluation_equals_the_local_loop(ray_cluster, tmp_path):
     by_id = shard_references(ray.data.from_items(refs), str(tmp_path / "refs2"), num_shards,
                              finetune_ids=ray.data.from_items([{"doc_id": d} for d in ("b", "d1", "b")]))  # fmt: skip
     assert by_id.n_finetune_values == 4  # jones, boston, name1, clinic1
+
+    # The evaluation job's semi-join: only the references the outputs name (and the fine-tuning ids) are written,
+    # and the figures are the same (one actor: it loads shards as the sorted batches name them).
+    semi = shard_references(ray.data.from_items(refs), str(tmp_path / "refs4"), num_shards,
+                            finetune=ray.data.from_items(ft_refs), referenced=ray.data.from_items(rows))  # fmt: skip
+    kept = {r["doc_id"] for r in ray.data.read_parquet(str(tmp_path / "refs4" / "icl")).take_all()}
+    assert kept == {c for ctx in ctxs for c in ctx}  # d0, d1, d4... are not read again
+    got = evaluate(ray.data.from_items(rows), semi, str(tmp_path / "records4"), num_actors=1, batch_rows=4)
+    for mode in want:
+        assert got[mode] == pytest.approx(want[mode]), mode
+    semi_ft = shard_references(ray.data.from_items(refs), str(tmp_path / "refs5"), num_shards,
+                               finetune_ids=ray.data.from_items([{"doc_id": "d1"}]),
+                               referenced=ray.data.from_items(rows))  # fmt: skip
+    kept = {r["doc_id"] for r in ray.data.read_parquet(str(tmp_path / "refs5" / "icl")).take_all()}
+    assert kept == {c for ctx in ctxs for c in ctx} | {"d1"} and semi_ft.n_finetune_values == 2
     with pytest.raises(Exception, match="1 fine-tuning document"):
         shard_references(ray.data.from_items(refs), str(tmp_path / "refs3"), num_shards,
                          finetune_ids=ray.data.from_items([{"doc_id": d} for d in ("b", "zz")]))  # fmt: skip
