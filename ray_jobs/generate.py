@@ -135,6 +135,27 @@ _merge_values = ray.remote(num_cpus=0.5)(_merge_values_fn)
 _count_values = ray.remote(num_cpus=0.5)(_count_values_fn)
 
 
+def _finetune_index_fn(path: str) -> tuple[Any, int]:
+    from ctrlgen.generation.report import finetune_values
+    from ctrlgen.metrics.leakage import ValueIndex
+
+    index = ValueIndex(finetune_values(path))
+    return index, len(index)
+
+
+_finetune_index = ray.remote(num_cpus=0.5, num_returns=2)(_finetune_index_fn)
+
+
+def finetune_index(path: str) -> tuple[Any, int]:
+    """The fine-tuning set's value index (its control codes' values and their variants, one automaton), built
+    by one task into the object store: the driver holds a reference and the number of values, never the values
+    (a MIMIC-scale fine-tuning set has about a million). Generation and scoring share the one reference."""
+    if not storage.parquet_files(path, within="status=ok"):
+        raise CtrlgenError(f"{path} holds no training examples (the prefix mode needs `ctrlgen train`'s train_data)")
+    ref, n = _finetune_index.remote(path)
+    return ref, int(ray.get(n))
+
+
 def _resolve_index(finetune: Any) -> Any:
     """An actor's fine-tuning value index: given, fetched from the object store, or empty."""
     import ray
@@ -257,8 +278,6 @@ def run(cfg: CtrlgenConfig, resume: bool = False, score: bool = True) -> Generat
 def _run(cfg: CtrlgenConfig, resume: bool, score: bool) -> GenerateSummary:
     import ray
 
-    from ctrlgen.generation.report import finetune_values
-    from ctrlgen.metrics.leakage import ValueIndex
     from ray_jobs.common import (
         even_pool,
         extraction_input,
@@ -277,10 +296,15 @@ def _run(cfg: CtrlgenConfig, resume: bool, score: bool) -> GenerateSummary:
         adapter = storage.absolute(g.adapter or storage.join(cfg.output_dir, "adapter"))
         if not storage.exists(storage.join(adapter, "adapter_config.json")):
             raise CtrlgenError(f"the prefix mode needs a PEFT adapter; {adapter} has none (run `ctrlgen train` first)")
-        finetune = finetune_values(storage.absolute(g.finetune_data or storage.join(cfg.output_dir, "train_data")))
+        ft_path = storage.absolute(g.finetune_data or storage.join(cfg.output_dir, "train_data"))
+        if not storage.parquet_files(ft_path, within="status=ok"):
+            raise CtrlgenError(f"{ft_path} holds no training examples (the prefix mode needs `ctrlgen train`'s train_data)")
     src = extraction_input(cfg, g.input, "generation")
     ctx_src = extraction_input(cfg, g.context_input, "generation contexts") if g.context_input else src
     init_ray(cfg)
+    n_finetune = 0
+    if adapter is not None:
+        finetune, n_finetune = finetune_index(ft_path)
     ds = ray.data.read_parquet(src).select_columns(_COLUMNS)
     ctx_ds = ray.data.read_parquet(ctx_src).select_columns(_COLUMNS) if ctx_src != src else ds
     # The corpus' distinct private values (fictional codes never use them): per-block sets merged
@@ -321,7 +345,7 @@ def _run(cfg: CtrlgenConfig, resume: bool, score: bool) -> GenerateSummary:
     print(
         f"generate: {n_targets:,} target documents, pool {len(pool)}, {n_exclude:,} real private values "
         f"excluded from fictional codes, modes {', '.join(g.modes)}"
-        + (f", adapter {adapter} ({len(finetune or []):,} fine-tuning values)" if adapter else ""),
+        + (f", adapter {adapter} ({n_finetune:,} fine-tuning values)" if adapter else ""),
         file=sys.stderr,
         flush=True,
     )
@@ -333,7 +357,7 @@ def _run(cfg: CtrlgenConfig, resume: bool, score: bool) -> GenerateSummary:
             "pool_rows": pool,
             "exclude": exclude,
             "adapter": adapter,
-            "finetune": ray.put(ValueIndex(finetune)) if finetune else None,  # one automaton, shared
+            "finetune": finetune,  # one automaton, built by a task, shared
         },
         batch_size=per_block,
         batch_format="pyarrow",
@@ -347,7 +371,7 @@ def _run(cfg: CtrlgenConfig, resume: bool, score: bool) -> GenerateSummary:
     if not score:
         rows = _check(_count_rows(out), total, g.modes, out)
         return GenerateSummary(total, rows, 0, "(scored by a later stage)", time.perf_counter() - t0, out)
-    summary = score_output(cfg, out, finetune, total)
+    summary = score_output(cfg, out, (finetune, n_finetune) if finetune is not None else None, total)
     summary.seconds = time.perf_counter() - t0
     return summary
 
@@ -433,9 +457,12 @@ def _count_rows(out: str) -> dict[str, tuple[int, int]]:
 
 
 def score_output(
-    cfg: CtrlgenConfig, out: str, finetune: list[str] | None = None, targets: int | None = None
+    cfg: CtrlgenConfig, out: str, finetune: Any = None, targets: int | None = None
 ) -> GenerateSummary:
     """PIPP / ELP per mode of a generation output; writes leakage.md / .json beside it.
+
+    ``finetune``: the fine-tuning values (a list), or :func:`finetune_index`'s (reference, count); None
+    builds the index from ``generation.finetune_data`` when the prefix mode is scored.
 
     Distributed: actors compute each row's leakage terms (:func:`ctrlgen.generation.report.leakage_terms`,
     the fine-tuning values matched by one automaton per actor), Ray Data sums them per mode and
@@ -447,7 +474,6 @@ def score_output(
     from ctrlgen.generation.report import (
         FINETUNE_MODES,
         TERM_COLUMNS,
-        finetune_values,
         leakage_from_terms,
         leakage_table,
     )
@@ -456,17 +482,21 @@ def score_output(
 
     t0 = time.perf_counter()
     g = cfg.generation
-    if finetune is None and "prefix" in g.modes:
-        finetune = finetune_values(storage.absolute(g.finetune_data or storage.join(cfg.output_dir, "train_data")))
     init_ray(cfg)
+    if finetune is None and "prefix" in g.modes:
+        finetune = finetune_index(storage.absolute(g.finetune_data or storage.join(cfg.output_dir, "train_data")))
+    if isinstance(finetune, tuple):  # (reference, count): built by a task
+        index_ref, n_values = finetune
+    else:
+        index = ValueIndex(finetune or ())
+        index_ref, n_values = (ray.put(index) if len(index) else None), len(index)
     ds = _generated_dataset(out)
     counts = _counts(ds)
     n = targets if targets is not None else max((d for _, d in counts.values()), default=0)
     rows = _check(counts, n, g.modes, out)
-    index = ValueIndex(finetune or ())
     terms = ds.map_batches(
         LeakageTermsActor,
-        fn_constructor_kwargs={"finetune": ray.put(index) if len(index) else None},  # built once, shared
+        fn_constructor_kwargs={"finetune": index_ref},  # built once, shared
         batch_format="pyarrow",
         batch_size=256,
         num_cpus=0.5,
@@ -483,7 +513,7 @@ def score_output(
         )
         for r in exploded.groupby(["mode", "kind"]).aggregate(CountDistinct("value")).take_all():
             distinct.setdefault(str(r["mode"]), {})[str(r["kind"])] = int(r["count_distinct(value)"])
-    stats = leakage_from_terms(sums, distinct, len(index))
+    stats = leakage_from_terms(sums, distinct, n_values)
     table = leakage_table(stats)
     storage.write_text(storage.join(out, "leakage.md"), table + "\n")
     storage.write_text(storage.join(out, "leakage.json"), leakage_table(stats, "json") + "\n")
