@@ -373,7 +373,7 @@ def dp_train_loop_per_worker(config: dict[str, Any]) -> None:
     mine = sorted(r for m in members for r in m)
     ingest = IngestCount()
     layout = [(f, list(groups)) for f, groups in config["layout"]]
-    rows = read_rows(layout, mine, _TRAIN_COLUMNS, ingest)
+    rows = read_rows(layout, mine, _TRAIN_COLUMNS, ingest, as_arrays=True)  # NumPy views, not Python ints
     local = {r: i for i, r in enumerate(mine)}
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     say(

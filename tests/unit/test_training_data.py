@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -198,5 +199,16 @@ def test_read_rows_takes_scattered_rows_from_only_their_row_groups(tmp_path):
     assert [x[0] for x in got["input_ids"]] == want and got["patient"] == [str(i % 5) for i in want]
     assert count.rows == 24
     assert read_rows(layout, [], ("input_ids",)) == {"input_ids": []}
+    arrays = read_rows(layout, want, ("input_ids", "patient"), as_arrays=True)  # a DP worker's share
+    assert [list(x) for x in arrays["input_ids"]] == [[i, i] for i in want] and arrays["patient"] == got["patient"]
+    assert isinstance(arrays["input_ids"][0], np.ndarray) and len(arrays["input_ids"]) == len(want)
+    assert [list(x) for x in arrays["input_ids"][-2:]] == [[42, 42], [63, 63]]
+    with pytest.raises(IndexError):
+        arrays["input_ids"][len(want)]
+    from ctrlgen.training.data import collate
+
+    as_lists = collate(got["input_ids"][:3], got["input_ids"][:3], [[True, False]] * 3, 0)
+    as_arrays = collate(arrays["input_ids"][:3], arrays["input_ids"][:3], [np.array([True, False])] * 3, 0)
+    assert all(bool((as_lists[k] == as_arrays[k]).all()) for k in as_lists)
     with pytest.raises(ValueError, match="2 rows asked, 1 found"):
         read_rows(layout, [5, 64], ("input_ids",))
