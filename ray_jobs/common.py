@@ -104,6 +104,16 @@ def has_code(batch: pa.Table) -> pa.Table:
     return batch.filter(pc.not_equal(codes, ""))
 
 
+def count_eligible(src: Any, require_code: bool) -> int:
+    """How many extraction rows at ``src`` a job takes (those with a control code when ``require_code``), reading
+    only the ``control_code`` column: counting the job's own dataset would run its whole read again, texts and
+    all (a corpus-sized second pass)."""
+    import ray
+
+    ds = ray.data.read_parquet(src).select_columns(["control_code"])
+    return int((ds.map_batches(has_code, batch_format="pyarrow") if require_code else ds).count())
+
+
 def _keyed(seed: int, salt: str, keep_below: int | None = None, top: int | None = None) -> Any:
     """A map_batches function adding the per-document hash ``_key``; optionally keeping the rows
     with ``_key <= keep_below``, or only the ``top`` smallest keys (and no other column)."""

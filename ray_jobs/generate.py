@@ -279,6 +279,7 @@ def _run(cfg: CtrlgenConfig, resume: bool, score: bool) -> GenerateSummary:
     import ray
 
     from ray_jobs.common import (
+        count_eligible,
         even_pool,
         extraction_input,
         has_code,
@@ -338,7 +339,10 @@ def _run(cfg: CtrlgenConfig, resume: bool, score: bool) -> GenerateSummary:
             SkipDone, fn_constructor_kwargs={"files": done_files}, batch_format="pyarrow",
             num_cpus=0.25, compute=ray.data.ActorPoolStrategy(size=1),
         )  # fmt: skip
-    n_targets = targets.count()
+    if done_files or g.num_documents is not None:
+        n_targets = targets.count()  # sampled targets are materialized; a resumed run counts what is left
+    else:
+        n_targets = count_eligible(src, g.require_code)  # one small column, not the pipeline again
     if resume and n_done:
         print(f"generate: resuming: {n_done:,} documents already generated, {n_targets:,} to go",
               file=sys.stderr, flush=True)  # fmt: skip

@@ -546,7 +546,7 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
     import ray
     from ray.data.datasource import FilenameProvider
 
-    from ray_jobs.common import has_code, ordered_execution, sample_in_key_order
+    from ray_jobs.common import count_eligible, has_code, ordered_execution, sample_in_key_order
 
     class _Ordered(FilenameProvider):  # file names sort in write-task order
         def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
@@ -575,7 +575,8 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
             # Small row groups: a rank reads only those overlapping its share (waste < 16 batches).
             row_group_size=16 * t.batch_size,
         )
-    n_docs = docs.count()
+    # sampled documents are materialized (a cheap count); the whole input is counted from one small column
+    n_docs = docs.count() if t.num_documents is not None else count_eligible(src, t.require_code)
     ok, bad = _count(data_dir)
     if ok + bad != n_docs:
         raise CtrlgenError(f"{n_docs} documents in but {ok} examples + {bad} quarantined written to {data_dir}")
