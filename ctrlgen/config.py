@@ -570,7 +570,9 @@ class TrainingConfig(_Model):
         None, ge=1, description="Train on a seeded sample of N documents (None: all eligible)."
     )
     require_code: bool = Field(True, description="Skip documents without a control code.")
-    seed: int = Field(0, description="Seeds the document sample and torch (prefix initialisation).")
+    seed: int = Field(
+        0, description="Seeds the document sample, torch (prefix initialisation) and the order of examples per epoch."
+    )
     num_workers: int = Field(2, ge=1, description="Ray Train workers (ScalingConfig.num_workers).")
     use_gpu: bool = Field(False, description="One GPU per worker (NCCL) instead of CPU (gloo).")
     cpus_per_worker: float = Field(

@@ -199,7 +199,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
-    from ctrlgen.training.data import IngestCount, collate, rank_batches, rank_range
+    from ctrlgen.training.data import IngestCount, collate, epoch_batches
     from ctrlgen.training.prefix import batch_loss, loss_weights
     from ray_jobs.metrics import record_train
 
@@ -229,11 +229,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     start = step
     while step < total:
         epoch, skip = divmod(step, steps_per_epoch)
-        # This rank's contiguous share of the examples (fixed by rank, world and batch size): it
-        # reads only those row groups, and a resumed epoch starts at the first batch not trained.
-        lo, hi = rank_range(rank, steps_per_epoch, t.batch_size, skip)
+        # One contiguous slice of the examples, another each epoch, reshuffled (seeded by training.seed and
+        # the epoch): the rank reads only those row groups, and a resumed epoch starts at the batch not trained.
         local = skip - 1
-        for arrays in rank_batches(layout, lo, hi, t.batch_size, _TRAIN_COLUMNS, ingest):
+        for arrays in epoch_batches(layout, rank, world, steps_per_epoch, t.batch_size, epoch, t.seed,
+                                    _TRAIN_COLUMNS, skip, ingest):  # fmt: skip
             if step >= total:
                 break
             local += 1

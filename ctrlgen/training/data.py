@@ -162,11 +162,11 @@ def collate(
 
 # --- per-rank shards of the training examples -------------------------------------------------
 #
-# Rank r of w trains, in every epoch, on the contiguous examples [r * n, (r + 1) * n) with
-# n = steps_per_epoch * batch_size, in file order. A rank reads only the Parquet row groups that
-# overlap its range (the files' row-group sizes, from their footers, are the layout the job hands
-# every rank), so the bytes one worker reads fall as workers are added, and a resumed epoch
-# starts reading at the first batch not yet trained.
+# The examples of an epoch are w contiguous slices [s * n, (s + 1) * n) with n = steps_per_epoch *
+# batch_size; in epoch e rank r trains on slice (r + e) % w, reshuffled (:func:`epoch_batches`). A
+# rank reads only the Parquet row groups that overlap its slice (the files' row-group sizes, from
+# their footers, are the layout the job hands every rank), so the bytes one worker reads fall as
+# workers are added, and a resumed epoch skips the windows already trained without reading them.
 
 ExampleLayout = list[tuple[str, list[int]]]  # (file, rows of each row group), in training order
 
@@ -253,6 +253,54 @@ class ListColumn(Sequence[Any]):
         if not 0 <= i < len(self):
             raise IndexError(i)
         return self._values[self._offsets[i] : self._offsets[i + 1]]
+
+
+#: Rows are shuffled within windows of this many batches (a row group holds 16: one or two reads per window).
+SHUFFLE_WINDOW_BATCHES = 16
+
+
+def epoch_batches(
+    layout: ExampleLayout,
+    rank: int,
+    world: int,
+    steps_per_epoch: int,
+    batch_size: int,
+    epoch: int,
+    seed: int,
+    columns: Sequence[str],
+    skip_batches: int = 0,
+    count: IngestCount | None = None,
+    window: int = SHUFFLE_WINDOW_BATCHES,
+) -> Iterator[dict[str, list[Any]]]:
+    """Rank ``rank``'s ``steps_per_epoch`` batches of epoch ``epoch``, after ``skip_batches`` already trained.
+
+    Reshuffled every epoch while reading only one slice: the rank takes the contiguous slice
+    ``(rank + epoch) % world`` of the epoch's examples (:func:`rank_range`), cuts it into windows of
+    ``window`` batches, visits them in a seeded order and permutes each window's rows (seeded by ``seed``,
+    ``epoch`` and the window) before cutting batches. Every example is trained once per epoch, by one rank;
+    the same (seed, epoch) gives the same batches, so a resumed epoch skips whole windows unread and
+    continues with the batch it stopped at.
+    """
+    import random
+
+    s = (rank + epoch) % world
+    lo, hi = rank_range(s, steps_per_epoch, batch_size)
+    size = window * batch_size
+    windows = [(a, min(a + size, hi)) for a in range(lo, hi, size)]
+    random.Random(f"windows\x1f{seed}\x1f{epoch}\x1f{s}").shuffle(windows)
+    left = skip_batches
+    for a, b in windows:
+        n_batches = (b - a) // batch_size
+        if left >= n_batches:
+            left -= n_batches
+            continue
+        block = next(rank_batches(layout, a, b, b - a, columns, count))  # the window's rows, in file order
+        order = list(range(b - a))
+        random.Random(f"rows\x1f{seed}\x1f{epoch}\x1f{a}").shuffle(order)
+        for j in range(left, n_batches):
+            idx = order[j * batch_size : (j + 1) * batch_size]
+            yield {c: [block[c][i] for i in idx] for c in columns}
+        left = 0
 
 
 def read_rows(
