@@ -127,7 +127,7 @@ def _decode_step_seconds(engine: FastEngine, reqs: list[GenerationRequest], step
     seqs = []
     for i, (r, ids) in enumerate(zip(reqs, enc, strict=True)):
         p_len = int(engine.adapters[r.adapter].shape[3]) if r.adapter else 0
-        seqs.append(_Seq(i, r, list(ids), steps + 8, p_len, engine._compiled(tuple(r.banned))))
+        seqs.append(_Seq(i, r, list(ids), steps + 8, p_len, engine.compiled_now(r.banned)))
     engine._ensure_capacity(max(s.adapter_len + len(s.prompt) + steps + 8 for s in seqs), steps + 8)
     with torch.inference_mode():
         engine.active.zero_()

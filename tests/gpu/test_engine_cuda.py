@@ -72,7 +72,10 @@ def test_the_decode_loop_makes_no_host_sync(tiny: tuple[Any, Any]) -> None:
     banned = ((5,), (7, 9), (11, 12, 13))
     reqs = [GenerationRequest(p, banned=banned, seed=i, max_new_tokens=40) for i, p in enumerate(_prompts(4, 3))]
     enc = eng.tokenizer([r.prompt for r in reqs], add_special_tokens=False)["input_ids"]
-    seqs = [_Seq(i, r, list(ids), 40, 0, eng._compiled(r.banned)) for i, (r, ids) in enumerate(zip(reqs, enc, strict=True))]
+    seqs = [
+        _Seq(i, r, list(ids), 40, 0, eng.compiled_now(r.banned))
+        for i, (r, ids) in enumerate(zip(reqs, enc, strict=True))
+    ]
     eng._ensure_capacity(max(len(s.prompt) for s in seqs) + 48, 40)
     with torch.inference_mode():
         eng.active.zero_()

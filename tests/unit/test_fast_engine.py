@@ -20,7 +20,8 @@ from ctrlgen.generation.engines.fast import FastEngine
 from ctrlgen.generation.engines.fast.scheduler import Scheduler
 from ctrlgen.generation.engines.hf import HFEngine
 from ctrlgen.generation.factory import build_engine
-from ctrlgen.generation.logits.automaton import BanTables, compile_banned
+from ctrlgen.generation.logits import automaton
+from ctrlgen.generation.logits.automaton import BanTables, compile_banned, compile_banned_reference
 from ctrlgen.generation.logits.sampling import counter_uniform, nucleus_cutoff, sample_tokens
 from ctrlgen.generation.types import GenerationRequest
 from ctrlgen.models import tiny_tokenizer
@@ -222,6 +223,9 @@ def test_unknown_adapter_empty_and_overlong_prompts_are_error_results(llama: tup
                         GenerationRequest("word " * 600), GenerationRequest("Plan:")])  # fmt: skip
     assert "unknown adapter" in (out[0].error or "") and out[1].error == "empty prompt"
     assert "positions" in (out[2].error or "") and out[3].error is None
+    # a banned token outside the vocabulary: that request alone is an error (its automaton compiles on the pool)
+    bad = eng.generate([GenerationRequest("Plan:", banned=((10**9,),)), GenerationRequest("Vital", banned=((5,),))])
+    assert "outside the vocabulary" in (bad[0].error or "") and bad[1].error is None and bad[1].new_tokens > 0
 
 
 def test_stop_strings_cut_the_text_as_the_reference_does(llama: tuple[Any, Any]) -> None:
@@ -286,6 +290,54 @@ def test_ban_tables_equal_transformers_bad_words_processor_on_thousands_of_seque
         tok = torch.tensor(nxt)
         hist = torch.cat([hist, tok[:, None]], 1)
         tabs.advance(tok)
+
+
+def _as_strings(c: Any) -> tuple[list[tuple[int, ...]], dict, dict]:
+    """An automaton by token strings (its node numbering is an implementation detail): nodes, failure links,
+    banned tokens per node."""
+    parent = {nxt: divmod(k, c.vocab) for k, nxt in zip(c.edge_keys.tolist(), c.edge_next.tolist(), strict=True)}
+    memo: dict[int, tuple[int, ...]] = {0: ()}
+
+    def name(q: int) -> tuple[int, ...]:
+        if q not in memo:
+            p, t = parent[q]
+            memo[q] = (*name(p), t)
+        return memo[q]
+
+    names = [name(q) for q in range(c.nodes)]
+    off, tok = c.ban_off.tolist(), c.ban_tok.tolist()
+    return names, {names[q]: names[int(c.fail[q])] for q in range(c.nodes)}, \
+        {names[q]: tok[off[q] : off[q + 1]] for q in range(c.nodes)}  # fmt: skip
+
+
+@pytest.mark.parametrize("mul", [None, 1], ids=["hash", "colliding-hash"])
+def test_array_compile_equals_the_loop_compile(mul: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    if mul is not None:  # a multiplier of 1 hashes permutations alike: collisions must fall back, still exact
+        monkeypatch.setattr(automaton, "_MUL", np.uint64(mul))
+    rng = random.Random(11)
+    fell_back = 0
+    for trial in range(60):
+        vocab = rng.choice([4, 30, 300])
+        seqs = [[rng.randrange(vocab) for _ in range(rng.randint(1, rng.choice([2, 4, 7])))]
+                for _ in range(rng.choice([1, 5, 80, 600]))]  # fmt: skip
+        fast, ref = compile_banned(seqs, vocab), compile_banned_reference(seqs, vocab)
+        fell_back += fast.goto_host is not None
+        names_f, fail_f, bans_f = _as_strings(fast)
+        names_r, fail_r, bans_r = _as_strings(ref)
+        assert sorted(names_f) == sorted(names_r) and fail_f == fail_r and bans_f == bans_r, trial
+        assert fast.root_bans.tolist() == ref.root_bans.tolist() and fast.depth == ref.depth
+        assert fast.edge_keys.tolist() == sorted(fast.edge_keys.tolist())
+        for _ in range(10):  # the host-side initial state: the longest suffix of a history that is a node
+            hist = [rng.randrange(vocab) for _ in range(rng.randint(0, 9))]
+            if rng.random() < 0.5:
+                s = rng.choice(seqs)
+                hist += s[: rng.randint(0, len(s))]
+            assert names_f[fast.state_after(hist)] == names_r[ref.state_after(hist)], (trial, hist)
+    assert (fell_back > 0) == (mul is not None)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        compile_banned([[1, 2], [3, 99]], 50)
 
 
 def test_ban_tables_hold_a_different_list_per_row_and_grow() -> None:

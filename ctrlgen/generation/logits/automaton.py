@@ -6,7 +6,11 @@ token when the row's last ``len(s) - 1`` tokens (prompt included) equal ``s[:-1]
 its token at every step.
 
 :func:`compile_banned` builds, on the host and once per distinct list, a trie of the sequences with failure
-links. The automaton's state after a row's history is the longest suffix of that history that is a trie
+links, with array operations (NumPy) rather than a Python loop over sequences: a row banning 1,000 values
+(~18,000 sequences with their variants) compiles in milliseconds, where a per-sequence loop took ~0.2 s, the
+whole call's bottleneck at 256 slots on a GPU. Trie nodes are the sequences' distinct proper prefixes, found
+by a 64-bit polynomial hash of each prefix and checked token by token (a hash collision falls back to the
+loop, :func:`compile_banned_reference`, so the result is always exact). The automaton's state after a row's history is the longest suffix of that history that is a trie
 node; the suffixes of the history that are trie nodes are exactly the state's failure chain, so the tokens
 banned next are the *terminal* children of the nodes on that chain. They are precomputed per node:
 
@@ -31,12 +35,14 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-__all__ = ["BanTables", "CompiledBans", "compile_banned"]
+__all__ = ["BanTables", "CompiledBans", "compile_banned", "compile_banned_reference"]
 
 
 @dataclass(frozen=True)
@@ -62,8 +68,12 @@ class CompiledBans:
     root_bans: torch.Tensor
     depth: int
     vocab: int
-    goto_host: dict[tuple[int, int], int]  # (node, token) -> child, for the host-side initial state
-    fail_host: list[int]
+    # for the host-side initial state: node hashes (sorted; node i + 1 has hash node_hash[i]) and each node's
+    # tokens (padded with -1), or, from the reference compile, the goto function and failure links
+    node_hash: np.ndarray | None = None
+    node_tok: np.ndarray | None = None
+    goto_host: dict[tuple[int, int], int] | None = None
+    fail_host: list[int] | None = None
 
     @property
     def nodes(self) -> int:
@@ -77,13 +87,36 @@ class CompiledBans:
         return int((self.ban_off[1:] - self.ban_off[:-1]).max())
 
     def state_after(self, tokens: Sequence[int]) -> int:
-        """The automaton state after ``tokens`` (only the last ``depth`` matter), computed on the host."""
+        """The automaton state after ``tokens`` (only the last ``depth`` matter), computed on the host: the
+        longest suffix of ``tokens`` that is a trie node."""
+        if self.goto_host is None:
+            tail = [int(t) for t in tokens[-self.depth :]] if self.depth else []
+            for k in range(len(tail), 0, -1):
+                node = self._node_of(tail[-k:])
+                if node:
+                    return node
+            return 0
         q = 0
         for t in tokens[-self.depth :] if self.depth else ():
             q = self._goto(q, int(t))
         return q
 
+    def _node_of(self, toks: list[int]) -> int:
+        assert self.node_hash is not None and self.node_tok is not None
+        h = _hash_of(toks)
+        i = int(np.searchsorted(self.node_hash, h))
+        if i < len(self.node_hash) and self.node_hash[i] == h:
+            row = self.node_tok[i]
+            if (
+                len(toks) <= row.shape[0]
+                and row[: len(toks)].tolist() == toks
+                and (len(toks) == row.shape[0] or row[len(toks)] == -1)
+            ):
+                return i + 1
+        return 0
+
     def _goto(self, q: int, t: int) -> int:
+        assert self.goto_host is not None and self.fail_host is not None
         while True:
             nxt = self.goto_host.get((q, t))
             if nxt is not None:
@@ -93,8 +126,140 @@ class CompiledBans:
             q = self.fail_host[q]
 
 
+_MUL = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit multiplier of the prefix hash (wraps modulo 2**64)
+
+
+def _hash_of(toks: Sequence[int]) -> np.uint64:
+    h = np.uint64(0)
+    with np.errstate(over="ignore"):
+        for t in toks:
+            h = h * _MUL + np.uint64(t + 1)
+    return h
+
+
 def compile_banned(banned: Sequence[Sequence[int]], vocab: int) -> CompiledBans:
-    """The automaton of one row's banned sequences (see module doc).
+    """The automaton of one row's banned sequences (see module doc); equal to
+    :func:`compile_banned_reference`'s, computed with array operations.
+
+    Raises:
+        ValueError: a token id outside ``[0, vocab)``.
+    """
+    seqs = [s for s in banned if len(s)]
+    if not seqs:
+        return compile_banned_reference(seqs, vocab)
+    lens = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+    flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lens.sum()))
+    if flat.min() < 0 or flat.max() >= vocab:
+        bad = sorted({int(t) for t in flat[(flat < 0) | (flat >= vocab)]})[:10]
+        raise ValueError(f"banned token ids {bad} outside the vocabulary of {vocab}")
+    n_seq, width = len(seqs), int(lens.max())
+    starts = np.cumsum(lens) - lens
+    pad = np.full((n_seq, width), -1, dtype=np.int64)
+    pad[np.repeat(np.arange(n_seq), lens), np.arange(len(flat)) - np.repeat(starts, lens)] = flat
+    # prefix hashes: hashes[i, d] of the first d tokens of sequence i
+    hashes = np.zeros((n_seq, width + 1), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for d in range(1, width + 1):
+            hashes[:, d] = hashes[:, d - 1] * _MUL + (pad[:, d - 1] + 1).astype(np.uint64)
+        powers = np.ones(width + 1, dtype=np.uint64)
+        for d in range(1, width + 1):
+            powers[d] = powers[d - 1] * _MUL
+    # trie nodes: the distinct proper prefixes (depth 1 .. len - 1); node 0 is the root
+    depths = np.arange(width + 1)
+    ent_i, ent_d = np.nonzero((depths[None, :] >= 1) & (depths[None, :] <= lens[:, None] - 1))
+    cols = np.arange(width)
+    if len(ent_i):
+        node_hash, first, inv = _unique_index_inverse(hashes[ent_i, ent_d])
+        rep_i, rep_d = ent_i[first], ent_d[first]
+        # every prefix equals its node's representative token by token, or two prefixes share a hash
+        same = (rep_d[inv] == ent_d) & ((pad[ent_i] == pad[rep_i[inv]]) | (cols[None, :] >= ent_d[:, None])).all(1)
+        if not same.all():
+            return compile_banned_reference(seqs, vocab)
+    else:
+        node_hash = np.zeros(0, dtype=np.uint64)
+        rep_i = rep_d = np.zeros(0, dtype=np.int64)
+    n = len(node_hash) + 1
+    node_tok = np.where(cols[None, :] < rep_d[:, None], pad[rep_i], -1)  # [n - 1, width]
+
+    def node_of(h: np.ndarray) -> np.ndarray:
+        """Node ids of prefix hashes known to be nodes."""
+        return np.searchsorted(node_hash, h) + 1
+
+    # edges: node k (depth d, representative i) hangs under the node of i's first d - 1 tokens
+    ids = np.arange(1, n)
+    parent = np.where(rep_d > 1, node_of(hashes[rep_i, np.maximum(rep_d - 1, 0)]), 0)
+    edge_tok = pad[rep_i, rep_d - 1] if n > 1 else np.zeros(0, dtype=np.int64)
+    keys = parent * vocab + edge_tok
+    order = np.argsort(keys, kind="stable")
+    # terminals: sequence i bans its last token after the node of its first len - 1 tokens
+    last = pad[np.arange(n_seq), lens - 1]
+    root_bans = _unique(last[lens == 1])
+    multi = lens > 1
+    term_node = node_of(hashes[multi, lens[multi] - 1])
+    term_tok = last[multi]
+    # suffixes of each node that are nodes (its failure chain): node k's tokens from j on, 1 <= j < depth
+    pk, pj = np.nonzero((cols[None, :] >= 1) & (cols[None, :] < rep_d[:, None]))
+    slen = rep_d[pk] - pj
+    with np.errstate(over="ignore"):
+        sh = hashes[rep_i[pk], rep_d[pk]] - hashes[rep_i[pk], pj] * powers[slen]
+    pos = np.minimum(np.searchsorted(node_hash, sh), max(n - 2, 0))
+    hit = node_hash[pos] == sh if len(node_hash) else np.zeros(len(sh), dtype=bool)
+    if hit.any():  # check token by token: the node of that hash must be this very suffix
+        shifted = pad[rep_i[pk[hit]][:, None], np.minimum(pj[hit][:, None] + cols[None, :], width - 1)]
+        want = np.where(cols[None, :] < slen[hit][:, None], shifted, -1)
+        exact = (node_tok[pos[hit]] == want).all(1)
+        hit[np.flatnonzero(hit)[~exact]] = False
+    chain_k, chain_j, chain_m = pk[hit] + 1, pj[hit], pos[hit] + 1
+    fail = np.zeros(n, dtype=np.int64)
+    if len(chain_k):  # the longest suffix (smallest j) is the failure link
+        o = np.lexsort((chain_j, chain_k))  # by node, then j ascending
+        _, first_of = np.unique(chain_k[o], return_index=True)
+        fail[chain_k[o][first_of]] = chain_m[o][first_of]
+    # bans per node: terminal tokens of the node and of every node on its failure chain (root excluded)
+    src = np.concatenate([ids, chain_k])
+    via = np.concatenate([ids, chain_m])
+    t_order = np.argsort(term_node, kind="stable")
+    t_node, t_tok = term_node[t_order], term_tok[t_order]
+    lo, hi = np.searchsorted(t_node, via, "left"), np.searchsorted(t_node, via, "right")
+    cnt = hi - lo
+    b_src = np.repeat(src, cnt)
+    b_tok = t_tok[np.repeat(lo, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))]
+    b_key = _unique(b_src * vocab + b_tok)
+    ban_node, ban_tok = b_key // vocab, b_key % vocab
+    ban_off = np.searchsorted(ban_node, np.arange(n + 1), "left")
+    return CompiledBans(
+        edge_keys=torch.from_numpy(keys[order]),
+        edge_next=torch.from_numpy(ids[order]),
+        fail=torch.from_numpy(fail),
+        ban_off=torch.from_numpy(ban_off.astype(np.int64)),
+        ban_tok=torch.from_numpy(ban_tok.astype(np.int64)),
+        root_bans=torch.from_numpy(root_bans.astype(np.int64)),
+        depth=int(rep_d.max()) if len(rep_d) else 0,
+        vocab=vocab,
+        node_hash=node_hash,
+        node_tok=node_tok,
+    )
+
+
+def _unique(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (by a sort: NumPy's hash-based ``unique`` is several times slower here)."""
+    a = np.sort(a)
+    return a[np.concatenate(([True], a[1:] != a[:-1]))] if len(a) else a
+
+
+def _unique_index_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(a, return_index=True, return_inverse=True)`` by a stable sort."""
+    order = np.argsort(a, kind="stable")
+    srt = a[order]
+    new = np.concatenate(([True], srt[1:] != srt[:-1]))
+    inv = np.empty(len(a), dtype=np.int64)
+    inv[order] = np.cumsum(new) - 1
+    return srt[new], order[new], inv
+
+
+def compile_banned_reference(banned: Sequence[Sequence[int]], vocab: int) -> CompiledBans:
+    """The automaton of one row's banned sequences, built by a loop over the sequences (the reference of
+    :func:`compile_banned`, and its fallback when two prefixes share a hash).
 
     Raises:
         ValueError: a token id outside ``[0, vocab)``.

@@ -14,6 +14,10 @@ CPU and CUDA):
   the model's forward, per-row hard blocking (:class:`~ctrlgen.generation.logits.automaton.BanTables`),
   counter-keyed sampling (:mod:`~ctrlgen.generation.logits.sampling`), the EOS / length rule and the
   automaton's advance, all as tensor ops; on CUDA it is captured once per bucket as a CUDA graph;
+* **banned sequences compiled off the critical path**: each request's automaton is compiled
+  (:func:`~ctrlgen.generation.logits.automaton.compile_banned`, array operations that release the GIL) on a
+  pool of ``compile_threads`` host threads as soon as the call starts, in admission order; a row waits only
+  for its own automaton when its slot comes, so later rows' automata are built while the device decodes;
 * **prefix adapters** as cached keys/values written into the first positions of a row's cache
   (:meth:`FastEngine.add_adapter`): rows of different adapters (and of none) share one batch.
 
@@ -32,10 +36,12 @@ Example:
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +72,8 @@ class _Seq:
     prompt: list[int]
     limit: int
     adapter_len: int
-    bans: CompiledBans | None
+    bans: CompiledBans | Future[CompiledBans] | None  # a future while its automaton is being compiled
+    banned_key: tuple[tuple[int, ...], ...] = ()
     generated: list[int] = field(default_factory=list)
     started: float = 0.0
     steps: int = 0  # decode steps since admission (an upper bound of tokens generated)
@@ -88,6 +95,8 @@ class FastEngine:
         kv_bucket: decode attention reads the cache up to the longest row rounded up to this.
         poll_every: decode steps between two host reads of the generated tokens (None: 1 on CPU, 8 on CUDA).
         cuda_graphs: capture the decode step on CUDA.
+        compile_threads: host threads compiling the requests' banned-sequence automata (None: the CPUs this
+            process may use, at most 8).
     """
 
     def __init__(
@@ -104,6 +113,7 @@ class FastEngine:
         poll_every: int | None = None,
         cuda_graphs: bool = True,
         default_adapter: bool = True,
+        compile_threads: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         if tokenizer.pad_token is None:
@@ -129,6 +139,8 @@ class FastEngine:
         self._prefix: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
         self._prefix_tokens = 0
         self._bans_cache: OrderedDict[tuple[tuple[int, ...], ...], CompiledBans] = OrderedDict()
+        self.compile_threads = int(compile_threads or min(8, len(os.sched_getaffinity(0))))
+        self._compile_pool: ThreadPoolExecutor | None = None
         self._graphs: dict[tuple[int, int, bool], Any] = {}
         self._row_sampling = False  # some request of the current call has its own temperature / top_p
         self._requested_len = max_len
@@ -190,18 +202,46 @@ class FastEngine:
     def limit_of(self, request: GenerationRequest) -> int:
         return request.max_new_tokens or self.sampling.max_new_tokens
 
-    def _compiled(self, banned: tuple[tuple[int, ...], ...]) -> CompiledBans | None:
+    def _compiled(
+        self, banned: tuple[tuple[int, ...], ...], pending: dict[Any, Future[CompiledBans]]
+    ) -> CompiledBans | Future[CompiledBans] | None:
+        """The cached automaton of ``banned``, or a future of it compiling on the pool (one per distinct list
+        in a call)."""
         if not banned:
             return None
         hit = self._bans_cache.get(banned)
-        if hit is None:
-            hit = compile_banned(banned, self.runner.vocab)
-            self._bans_cache[banned] = hit
+        if hit is not None:
+            self._bans_cache.move_to_end(banned)
+            return hit
+        fut = pending.get(banned)
+        if fut is None:
+            if self._compile_pool is None:
+                self._compile_pool = ThreadPoolExecutor(self.compile_threads, thread_name_prefix="ctrlgen-bans")
+            fut = self._compile_pool.submit(compile_banned, banned, self.runner.vocab)
+            pending[banned] = fut
+        return fut
+
+    def compiled_now(self, banned: Sequence[Sequence[int]]) -> CompiledBans | None:
+        """The automaton of ``banned``, compiled (or taken from the cache) before returning."""
+        key = tuple(tuple(s) for s in banned)
+        seq = _Seq(-1, GenerationRequest(""), [], 0, 0, self._compiled(key, {}), key)
+        error = self._resolve_bans(seq)
+        if error is not None:
+            raise ValueError(error)
+        return seq.bans  # type: ignore[return-value]
+
+    def _resolve_bans(self, seq: _Seq) -> str | None:
+        """Wait for ``seq``'s automaton (cached from then on); an error message if its list is invalid."""
+        if isinstance(seq.bans, Future):
+            try:
+                seq.bans = seq.bans.result()
+            except ValueError as exc:
+                return str(exc)
+            self._bans_cache[seq.banned_key] = seq.bans
+            self._bans_cache.move_to_end(seq.banned_key)
             while len(self._bans_cache) > 512:
                 self._bans_cache.popitem(last=False)
-        else:
-            self._bans_cache.move_to_end(banned)
-        return hit
+        return None
 
     @torch.inference_mode()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
@@ -210,6 +250,7 @@ class FastEngine:
         self._row_sampling = any(r.temperature is not None or r.top_p is not None for r in requests)
         enc = self.tokenizer([r.prompt for r in requests], add_special_tokens=False)["input_ids"] if requests else []
         seqs: list[_Seq] = []
+        pending: dict[Any, Future[CompiledBans]] = {}
         for i, (req, ids) in enumerate(zip(requests, enc, strict=True)):
             limit = self.limit_of(req)
             name = req.adapter if req.adapter is not None else self.default_adapter
@@ -226,12 +267,8 @@ class FastEngine:
                     f"{self.max_positions} positions",
                 )  # fmt: skip
             else:
-                try:
-                    bans = self._compiled(tuple(tuple(s) for s in req.banned))
-                except ValueError as exc:
-                    results[i] = GenerationResult("", finish="error", error=str(exc))
-                    continue
-                seq = _Seq(i, req, list(ids), limit, p_len, bans)
+                key = tuple(tuple(s) for s in req.banned)
+                seq = _Seq(i, req, list(ids), limit, p_len, self._compiled(key, pending), key)
                 seq.request = req if req.adapter == name else _with_adapter(req, name)
                 seqs.append(seq)
         if seqs:
@@ -252,7 +289,13 @@ class FastEngine:
         since_poll = 0
         while sched.busy:
             for slot, seq in sched.admit():
-                self._admit(slot, seq)
+                error = self._resolve_bans(seq)
+                if error is None:
+                    self._admit(slot, seq)
+                else:  # its banned list is invalid: an error result, and the slot goes to the next request
+                    done.append((sched.release(slot), GenerationResult("", finish="error", error=error)))
+            if not sched.running:
+                continue
             kv_len = self._kv_len(sched.running)
             self._step(kv_len)
             for seq in sched.running.values():
