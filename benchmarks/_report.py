@@ -16,7 +16,7 @@ ORDER: list[tuple[str, list[str]]] = [
                     "spaCy release and NER speed"]),
     ("Prefix training", ["Prefix tuning: masked vs plain, 1 vs 2 Ray Train workers",
                          "DP-SGD step vs plain prefix-tuning step"]),
-    ("Generation", ["Generation engine: CPU", "Generation engine: GPU", "GPU run",
+    ("Generation", ["Generation engine: CPU", "Generation engine: GPU", "Generation engine: row admission", "GPU run",
                     "ICL generation: hard token blocking and batched generation",
                     "Generation speed: shared prefill, static cache, bf16", "Value variants: over-blocking and cost"]),
     ("Serving", ["Serve: synthesis service vs offline engine"]),

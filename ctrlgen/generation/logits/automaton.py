@@ -400,12 +400,13 @@ class BanTables:
             self._alloc(edges=grow(e, cap_e), nodes=grow(n, cap_n), bans=grow(b, cap_b),
                         per_node=grow(k, self.per_node), depth=max(d, self.depth))  # fmt: skip
         dev = self.device
-        self.edge_keys[slot].fill_(_PAD_KEY)
-        self.edge_next[slot].zero_()
-        self.fail[slot].zero_()
-        self.ban_off[slot].zero_()
+        # Only what a step reads is reset: keys past this row's edges (padding never matches), its ban offsets
+        # and root mask; edge_next, fail and ban_tok past this row's sizes are never read (states stay below
+        # its node count, ban indices below its offsets).
+        self.edge_keys[slot, e:].fill_(_PAD_KEY)
         self.root_mask[slot].zero_()
         if bans is None:
+            self.ban_off[slot].zero_()
             self.state[slot] = 0
             return
         self.any_rows = True
