@@ -819,6 +819,13 @@ class ExperimentConfig(_Model):
         description="Tune one prefix per seed (true) or one per (variant, setting) shared by the seeds "
         "(false: the seeds then vary the targets, fictional codes, contexts and sampling only).",
     )
+    resume: bool = Field(
+        True,
+        description="Re-running the same config in the same output_dir continues it: each prefix resumes from "
+        "its last checkpoint (a finished one only reloads) and each generation skips the documents it already "
+        "committed; extraction, scoring and the report run again. False starts every training and generation "
+        "afresh.",
+    )
     canaries: int = Field(4, ge=0, description="Canaries planted into the fine-tuning set (0: none).")
     canary_repeats: list[int] = Field(
         default_factory=lambda: [1, 2, 4, 8], min_length=1, description="Plantings of the i-th canary (cycled)."

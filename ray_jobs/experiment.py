@@ -479,7 +479,8 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                     if method in _EPSILON else {}  # fmt: skip
                 c = _with(cfg, output_dir=str(run_dir), training__input=str(ft_dirs[setting]),
                           training__variant=variant, training__num_documents=None, training__seed=seed,
-                          training__run_name=f"{setting}-{method}-s{seed}", **dp)  # fmt: skip
+                          training__run_name=f"{setting}-{method}-s{seed}", training__resume=x.resume,
+                          **dp)  # fmt: skip
                 _log(f"training {method} prefix ({variant}; {setting}, seed {seed})")
                 summary = run_train(c)
                 _log(summary.text())
@@ -546,7 +547,8 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                     over |= {"generation__adapter": str(adapter / "adapter"),
                              "generation__finetune_data": str(adapter / "train_data")}  # fmt: skip
                 _log(f"generating {', '.join(modes)} ({setting}, seed {seed})")
-                run_generate(_with(cfg, **over), score=False)  # the matrix scores with its own Evaluator
+                # the matrix scores with its own Evaluator; a re-run skips the documents already committed
+                run_generate(_with(cfg, **over), resume=x.resume, score=False)
                 rows = read_generated(gen_dir / "generated")
                 ft = adapter is not None
                 ft_ids = sorted(real_ft) if ft else []
