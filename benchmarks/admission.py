@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +42,7 @@ def main() -> None:
     from engine import _commit, _workload
     from transformers import AutoTokenizer
 
+    from ctrlgen.generation.engines.fast.engine import _usable_cpus
     from ctrlgen.generation.logits.automaton import BanTables, compile_banned, compile_banned_reference
     from ctrlgen.models import prepare_builtin
 
@@ -60,7 +60,7 @@ def main() -> None:
 
     loop_s, array_s = per_row(compile_banned_reference), per_row(compile_banned)
     print(f"[admission] compile per row: loop {loop_s * 1e3:.1f} ms, arrays {array_s * 1e3:.1f} ms", flush=True)
-    threads = args.threads or min(8, len(os.sched_getaffinity(0)))
+    threads = args.threads or min(8, _usable_cpus())
     t0 = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
         compiled = list(pool.map(lambda b: compile_banned(b, vocab), banned))
@@ -74,7 +74,7 @@ def main() -> None:
         "command": " ".join([COMMAND, *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d"),
         "commit": _commit(),
-        "cpus": len(os.sched_getaffinity(0)),
+        "cpus": _usable_cpus(),
         "rows": args.rows,
         "values_per_row": args.values,
         "sequences_per_row": seqs,

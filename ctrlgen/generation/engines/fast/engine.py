@@ -139,7 +139,7 @@ class FastEngine:
         self._prefix: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
         self._prefix_tokens = 0
         self._bans_cache: OrderedDict[tuple[tuple[int, ...], ...], CompiledBans] = OrderedDict()
-        self.compile_threads = int(compile_threads or min(8, len(os.sched_getaffinity(0))))
+        self.compile_threads = int(compile_threads or min(8, _usable_cpus()))
         self._compile_pool: ThreadPoolExecutor | None = None
         self._graphs: dict[tuple[int, int, bool], Any] = {}
         self._row_sampling = False  # some request of the current call has its own temperature / top_p
@@ -489,6 +489,12 @@ class FastEngine:
         elif reason == "length" and len(ids) < seq.limit:
             reason = "stop"  # a stop string that began in the prompt's last characters
         return GenerationResult(text.strip(), len(ids), reason, None, time.perf_counter() - seq.started, tuple(ids))
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (its affinity where the OS reports one, as Linux does)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def _with_adapter(req: GenerationRequest, name: str | None) -> GenerationRequest:
