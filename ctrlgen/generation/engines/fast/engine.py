@@ -348,6 +348,7 @@ class FastEngine:
             self.temps[slot] = self.sampling.temperature if req.temperature is None else req.temperature
             self.top_ps[slot] = self.sampling.top_p if req.top_p is None else req.top_p
         self.active[slot] = True
+        assert not isinstance(seq.bans, Future), "admitted before its automaton was resolved"
         self.bans.load(slot, seq.bans, seq.prompt)
 
     def _step(self, kv_len: int) -> None:
