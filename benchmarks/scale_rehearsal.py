@@ -1,0 +1,304 @@
+"""Benchmark: the MIMIC-scale rehearsal on one machine (issue 39 item 1), two corpus sizes, ratios.
+
+The whole system on generated MIMIC-format notes (the embedded demo corpus generator) with a tiny random
+Llama and a few new tokens per output, so that the data path, not the model, is what is measured. Each
+stage runs as its own driver process with a private Ray cluster; per stage: wall time, the driver's peak
+RSS (``ru_maxrss``), the largest Ray worker's peak RSS (every process of the stage's process tree sampled
+every 0.5 s), and the stage's output file count and mean file size.
+
+Stages, at each size N:
+
+1. ``extract``: the known-setting extraction job over all N notes (the demo corpus is written first, not
+   timed);
+2. ``train``: the prefix-training data path over every note (selection, tokenisation, Parquet examples,
+   the per-rank layout) + 2 steps on one worker;
+3. ``generate``: every mode (baseline, icl, icl_blocking, prefix with the adapter of stage 2) for a seeded
+   sample of ``--targets`` targets, with the release gate; the value pool, the banned-value automaton and
+   the fine-tuning value index stay corpus-sized;
+4. ``evaluate``: ``ctrlgen evaluate`` of that output against the whole extraction output;
+5. ``score``: leakage scoring of one generated row per note (N rows);
+6. ``experiment``: the experiment's data path: a matrix whose corpus is the N notes and whose cells are
+   small (known setting, icl_blocking and prefix_masked, one seed, 8 outputs a cell);
+7. ``scorer``: building the Serve Scorer's reference index over the N notes (one shard of 2 in the driver),
+   and its size per reference note (RSS growth / notes in the shard).
+
+Targets (issue 39): driver peak RSS at the large / small size <= 1.2 per stage; no worker above 4 GB at the
+large size; stage time large / small <= 12 (for 10x the notes); output files <= 2,000 per stage; the
+Scorer's index <= 3 KB per reference note.
+
+    .venv/bin/python benchmarks/scale_rehearsal.py --sizes 2000 4000 --no-write   # a quick look (~15 min)
+    .venv/bin/python benchmarks/scale_rehearsal.py                                # 200k and 2M notes (hours)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+COMMAND = ".venv/bin/python benchmarks/scale_rehearsal.py"
+_MARK = "SCALE-REHEARSAL-RESULT "
+STAGES = ["extract", "train", "generate", "evaluate", "score", "experiment", "scorer"]
+_OUTPUTS = {"extract": "extracted", "train": "train_data", "generate": "generated", "evaluate": "evaluation",
+            "score": "scored", "experiment": "experiment"}  # fmt: skip
+
+
+def _cfg(n: int, work: Path, targets: int, extra: list[str]) -> Any:
+    from ctrlgen.config import load_config
+
+    run = work / f"run-{n}"
+    return load_config(
+        str(ROOT / "configs" / "demo.yaml"),
+        [
+            f"demo_corpus.n_notes={n}", "demo_corpus.shard_size=20000", f"demo_corpus.output_dir={work / f'notes-{n}'}",
+            f"output_dir={run}", "model.name=tiny-llama", "ray.num_cpus=4",
+            "extraction.rows_per_block=10000", "extraction.num_actors=2",
+            "generation.modes=[baseline,icl,icl_blocking,prefix]", f"generation.num_documents={targets}",
+            "generation.sampling.max_new_tokens=4", "generation.max_context_tokens=32", "generation.batch_size=64",
+            "generation.num_actors=2", "generation.actor_num_cpus=1", f"generation.input={run / 'extracted'}",
+            f"generation.adapter={run / 'adapter'}", f"generation.finetune_data={run / 'train_data'}",
+            f"training.input={run / 'extracted'}", "training.num_documents=null", "training.max_steps=2",
+            "training.num_workers=1", "training.batch_size=8", "training.max_doc_tokens=64",
+            "training.cpus_per_worker=1", "training.torch_threads=1", "training.resume=false",
+            f"evaluation.references={run / 'extracted'}", "evaluation.num_shards=8",
+            *extra,
+        ],
+    )  # fmt: skip
+
+
+def _experiment_cfg(cfg: Any, run: Path) -> Any:
+    """A matrix over the whole corpus with small cells."""
+    over = {
+        "output_dir": str(run / "experiment"),
+        "experiment": cfg.experiment.model_copy(
+            update={
+                "settings": ["known"],
+                "methods": ["icl_blocking", "prefix_masked"],
+                "seeds": [0],
+                "num_documents": 8,
+                "finetune_documents": 64,
+                "canaries": 0,
+                "test_documents": 16,
+                "semantic_chance_documents": 0,
+                "distributed_eval": True,
+                "eval_actors": 2,
+                "eval_shards": 8,
+                "ppl_epochs": 1,
+                "ppl_max_tokens": 32,
+            }
+        ),
+        "training": cfg.training.model_copy(update={"input": None, "max_steps": 2, "resume": False}),
+    }
+    return cfg.model_copy(update=over)
+
+
+def stage(name: str, n: int, work: Path, targets: int, extra: list[str]) -> dict[str, Any]:
+    """One stage in this process (the driver being measured)."""
+    import logging
+
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    cfg = _cfg(n, work, targets, extra)
+    run = work / f"run-{n}"
+    out: dict[str, Any] = {}
+    if name == "extract":
+        from ctrlgen.demo import write_demo_corpus
+
+        write_demo_corpus(cfg.demo_corpus)  # the notes themselves first (not timed)
+    t0 = time.perf_counter()
+    if name == "extract":
+        from ray_jobs import extract
+
+        out["summary"] = extract.run(cfg).text().splitlines()[0]
+    elif name == "train":
+        from ray_jobs import train
+
+        out["examples"] = train.run(cfg).examples
+    elif name == "generate":
+        from ray_jobs import generate
+
+        out["rows"] = generate.run(cfg).rows_out
+    elif name == "evaluate":
+        from ray_jobs import evaluate
+
+        out["summary"] = evaluate.run(cfg).text().splitlines()[0]
+    elif name == "score":
+        import ray
+        from driver_memory import _to_generated
+
+        from ctrlgen import storage
+        from ray_jobs import generate
+        from ray_jobs.generate import GeneratedSink
+        from ray_jobs.runtime import init_ray
+
+        init_ray(cfg)
+        gen = str(run / "scored")
+        storage.remove(gen)
+        ray.data.read_parquet(str(run / "extracted" / "status=ok")).select_columns(
+            ["doc_id", "text", "control_code"]
+        ).map_batches(_to_generated, batch_format="pyarrow").write_datasink(GeneratedSink(gen))
+        t0 = time.perf_counter()  # the scoring itself
+        s = generate.score_output(
+            cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"modes": ["icl"]})}), gen
+        )
+        out["rows"] = s.rows_out
+    elif name == "experiment":
+        from ray_jobs import experiment
+
+        out["cells"] = experiment.run(_experiment_cfg(cfg, run)).cells
+    elif name == "scorer":
+        import psutil
+
+        from ctrlgen.metrics.shard import ReferenceShard, iter_references
+
+        before = psutil.Process().memory_info().rss
+        index = ReferenceShard(iter_references(str(run / "extracted")), 0, 2)
+        grown = psutil.Process().memory_info().rss - before
+        out["documents"] = len(index.doc_ids)
+        out["bytes_per_note"] = grown / max(len(index.doc_ids), 1)
+    out["seconds"] = time.perf_counter() - t0
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+class _TreeSampler:
+    """Peak RSS of the largest process under ``pid`` other than ``pid`` itself (Ray's workers), sampled."""
+
+    def __init__(self, pid: int, every: float = 0.5) -> None:
+        self.pid, self.every, self.peak_mb, self.peak_name = pid, every, 0.0, ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            try:
+                kids = psutil.Process(self.pid).children(recursive=True)
+            except psutil.Error:
+                return
+            for p in kids:
+                try:
+                    rss = p.memory_info().rss / 2**20
+                    if rss > self.peak_mb:
+                        self.peak_mb, self.peak_name = rss, " ".join(p.cmdline()[:1])[:60]
+                except psutil.Error:
+                    continue
+            self._stop.wait(self.every)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _files(path: Path) -> tuple[int, float]:
+    files = [p for p in path.rglob("*") if p.is_file()] if path.exists() else []
+    return len(files), (sum(p.stat().st_size for p in files) / len(files) if files else 0.0)
+
+
+def _child(name: str, n: int, work: Path, targets: int) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--stage", name, "--n", str(n), "--work", str(work), "--targets", str(targets)]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_AUTH_MODE": "disabled"}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = _TreeSampler(proc.pid)
+    stdout, stderr = proc.communicate(timeout=6 * 3600)
+    sampler.stop()
+    if proc.returncode != 0:
+        raise SystemExit(f"stage {name} at {n} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    got: dict[str, Any] = json.loads([ln for ln in stdout.splitlines() if ln.startswith(_MARK)][-1][len(_MARK) :])
+    got["worker_peak_rss_mb"], got["worker_peak_process"] = sampler.peak_mb, sampler.peak_name
+    if name in _OUTPUTS:
+        got["files"], got["mean_file_bytes"] = _files(work / f"run-{n}" / _OUTPUTS[name])
+    print(f"  {name:>10} n={n:>9,}: {got['seconds']:8.1f} s, driver {got['peak_rss_mb']:6.0f} MB, largest worker "
+          f"{got['worker_peak_rss_mb']:6.0f} MB, files {got.get('files', '-')} (process "
+          f"{time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+    return got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs=2, default=[200_000, 2_000_000])
+    ap.add_argument("--targets", type=int, default=2_000, help="generated targets (a seeded sample), both sizes")
+    ap.add_argument("--stages", nargs="+", default=STAGES, choices=STAGES)
+    ap.add_argument("--work", default=None, help="working directory (default: a temporary one, removed)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "scale_rehearsal.json"))
+    ap.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
+    ap.add_argument("--stage", help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.stage:
+        print(_MARK + json.dumps(stage(args.stage, args.n, Path(args.work), args.targets, [])), flush=True)
+        return
+    small, large = args.sizes
+    results: dict[str, dict[str, Any]] = {}
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ctrlgen-rehearsal-") as tmp:
+        work = Path(args.work or tmp)
+        for n in (small, large):
+            print(f"corpus of {n:,} notes", flush=True)
+            t_n = time.perf_counter()
+            for name in [s for s in STAGES if s in args.stages or s == "extract"]:
+                results[f"{name}@{n}"] = _child(name, n, work, args.targets)
+            results[f"total@{n}"] = {"seconds": time.perf_counter() - t_n}
+    data = {"command": " ".join([COMMAND, *sys.argv[1:]]), "date": time.strftime("%Y-%m-%d"), "sizes": [small, large],
+            "targets": args.targets, "minutes": (time.perf_counter() - t_all) / 60, "results": results}  # fmt: skip
+    body = report(data)
+    print(body)
+    if not args.no_write:
+        from _report import write_section
+
+        Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+        write_section("MIMIC-scale rehearsal", body)
+
+
+def report(data: dict[str, Any]) -> str:
+    small, large = data["sizes"]
+    res = data["results"]
+    lines = [
+        f"Command: `{data['command']}` ({data['minutes']:.0f} min). Demo corpus (MIMIC format, known setting), "
+        f"tiny random Llama, 4 new tokens, {data['targets']:,} generated targets at both sizes, a private 4-CPU "
+        f"Ray cluster per stage, each stage its own driver process. Ratios: {large:,} notes / {small:,}.",
+        "",
+        f"| stage | time at {small:,} | at {large:,} | time ratio (<= 12) | driver RSS at {small:,} | at {large:,} | "
+        f"RSS ratio (<= 1.2) | largest worker at {large:,} (<= 4 GB) | files at {large:,} (<= 2,000) | "
+        "mean file |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in STAGES:
+        a, b = res.get(f"{name}@{small}"), res.get(f"{name}@{large}")
+        if a is None or b is None:
+            continue
+        tr, rr = b["seconds"] / max(a["seconds"], 1e-9), b["peak_rss_mb"] / a["peak_rss_mb"]
+        files = b.get("files")
+        lines.append(
+            f"| {name} | {a['seconds']:.0f} s | {b['seconds']:.0f} s | {tr:.1f} ({'met' if tr <= 12 else 'NOT met'}) | "
+            f"{a['peak_rss_mb']:.0f} MB | {b['peak_rss_mb']:.0f} MB | {rr:.2f} ({'met' if rr <= 1.2 else 'NOT met'}) | "
+            f"{b['worker_peak_rss_mb']:.0f} MB ({'met' if b['worker_peak_rss_mb'] <= 4096 else 'NOT met'}) | "
+            + (f"{files:,} ({'met' if files <= 2000 else 'NOT met'}) | {b['mean_file_bytes'] / 1e6:.2f} MB |"
+               if files is not None else "- | - |")
+        )  # fmt: skip
+    sc = res.get(f"scorer@{large}")
+    if sc:
+        per = sc["bytes_per_note"]
+        lines += ["", f"Scorer index at {large:,} notes: {per / 1e3:.1f} KB per reference note (RSS growth over "
+                      f"{sc['documents']:,} notes of one shard; target <= 3 KB: {'met' if per <= 3000 else 'NOT met'})."]  # fmt: skip
+    lines += ["", "Whole rehearsal: " + ", ".join(f"{res[f'total@{n}']['seconds'] / 60:.0f} min at {n:,} notes"
+                                                for n in (small, large) if f"total@{n}" in res) + "."]  # fmt: skip
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
