@@ -56,26 +56,15 @@ _OUTPUTS = {"extract": "extracted", "train": "train_data", "generate": "generate
 
 
 def _cfg(n: int, work: Path, targets: int, extra: list[str]) -> Any:
-    from ctrlgen.config import load_config
+    """benchmarks/driver_memory.py's configuration (demo corpus, tiny Llama, 4 new tokens), with every mode."""
+    from driver_memory import _cfg as driver_memory_cfg
 
     run = work / f"run-{n}"
-    return load_config(
-        str(ROOT / "configs" / "demo.yaml"),
-        [
-            f"demo_corpus.n_notes={n}", "demo_corpus.shard_size=20000", f"demo_corpus.output_dir={work / f'notes-{n}'}",
-            f"output_dir={run}", "model.name=tiny-llama", "ray.num_cpus=4",
-            "extraction.rows_per_block=10000", "extraction.num_actors=2",
-            "generation.modes=[baseline,icl,icl_blocking,prefix]", f"generation.num_documents={targets}",
-            "generation.sampling.max_new_tokens=4", "generation.max_context_tokens=32", "generation.batch_size=64",
-            "generation.num_actors=2", "generation.actor_num_cpus=1", f"generation.input={run / 'extracted'}",
-            f"generation.adapter={run / 'adapter'}", f"generation.finetune_data={run / 'train_data'}",
-            f"training.input={run / 'extracted'}", "training.num_documents=null", "training.max_steps=2",
-            "training.num_workers=1", "training.batch_size=8", "training.max_doc_tokens=64",
-            "training.cpus_per_worker=1", "training.torch_threads=1", "training.resume=false",
-            f"evaluation.references={run / 'extracted'}", "evaluation.num_shards=8",
-            *extra,
-        ],
-    )  # fmt: skip
+    return driver_memory_cfg(n, work, [
+        "generation.modes=[baseline,icl,icl_blocking,prefix]", f"generation.num_documents={targets}",
+        f"generation.adapter={run / 'adapter'}", f"generation.finetune_data={run / 'train_data'}",
+        f"evaluation.references={run / 'extracted'}", "evaluation.num_shards=8", *extra,
+    ])  # fmt: skip
 
 
 def _experiment_cfg(cfg: Any, run: Path) -> Any:

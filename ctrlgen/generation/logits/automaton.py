@@ -6,11 +6,11 @@ token when the row's last ``len(s) - 1`` tokens (prompt included) equal ``s[:-1]
 its token at every step.
 
 :func:`compile_banned` builds, on the host and once per distinct list, a trie of the sequences with failure
-links, with array operations (NumPy) rather than a Python loop over sequences: a row banning 1,000 values
-(~18,000 sequences with their variants) compiles in milliseconds, where a per-sequence loop took ~0.2 s, the
-whole call's bottleneck at 256 slots on a GPU. Trie nodes are the sequences' distinct proper prefixes, found
-by a 64-bit polynomial hash of each prefix and checked token by token (a hash collision falls back to the
-loop, :func:`compile_banned_reference`, so the result is always exact). The automaton's state after a row's history is the longest suffix of that history that is a trie
+links, with array operations (NumPy) rather than a Python loop over sequences (3x faster on a row of 1,000
+values, ~8,000-18,000 sequences: docs/benchmarks.md, "Generation engine: row admission"). Trie nodes are the
+sequences' distinct proper prefixes, found by a 64-bit polynomial hash of each prefix and checked token by
+token; a hash collision falls back to the loop, :func:`compile_banned_reference`, so the result is always
+exact. The automaton's state after a row's history is the longest suffix of that history that is a trie
 node; the suffixes of the history that are trie nodes are exactly the state's failure chain, so the tokens
 banned next are the *terminal* children of the nodes on that chain. They are precomputed per node:
 

@@ -222,26 +222,26 @@ class FastEngine:
         return fut
 
     def compiled_now(self, banned: Sequence[Sequence[int]]) -> CompiledBans | None:
-        """The automaton of ``banned``, compiled (or taken from the cache) before returning."""
-        key = tuple(tuple(s) for s in banned)
-        seq = _Seq(-1, GenerationRequest(""), [], 0, 0, self._compiled(key, {}), key)
-        error = self._resolve_bans(seq)
-        if error is not None:
-            raise ValueError(error)
-        return seq.bans  # type: ignore[return-value]
+        """The automaton of ``banned``, compiled (or taken from the cache) before returning.
 
-    def _resolve_bans(self, seq: _Seq) -> str | None:
-        """Wait for ``seq``'s automaton (cached from then on); an error message if its list is invalid."""
-        if isinstance(seq.bans, Future):
-            try:
-                seq.bans = seq.bans.result()
-            except ValueError as exc:
-                return str(exc)
-            self._bans_cache[seq.banned_key] = seq.bans
-            self._bans_cache.move_to_end(seq.banned_key)
-            while len(self._bans_cache) > 512:
-                self._bans_cache.popitem(last=False)
-        return None
+        Raises:
+            ValueError: a token id outside the vocabulary.
+        """
+        key = tuple(tuple(s) for s in banned)
+        return self._resolve(key, self._compiled(key, {}))
+
+    def _resolve(
+        self, key: tuple[tuple[int, ...], ...], bans: CompiledBans | Future[CompiledBans] | None
+    ) -> CompiledBans | None:
+        """Wait for a compiling automaton (cached from then on); ValueError if its list is invalid."""
+        if not isinstance(bans, Future):
+            return bans
+        got = bans.result()
+        self._bans_cache[key] = got
+        self._bans_cache.move_to_end(key)
+        while len(self._bans_cache) > 512:
+            self._bans_cache.popitem(last=False)
+        return got
 
     @torch.inference_mode()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
@@ -289,11 +289,12 @@ class FastEngine:
         since_poll = 0
         while sched.busy:
             for slot, seq in sched.admit():
-                error = self._resolve_bans(seq)
-                if error is None:
-                    self._admit(slot, seq)
-                else:  # its banned list is invalid: an error result, and the slot goes to the next request
-                    done.append((sched.release(slot), GenerationResult("", finish="error", error=error)))
+                try:
+                    seq.bans = self._resolve(seq.banned_key, seq.bans)
+                except ValueError as exc:  # its banned list is invalid: an error result, the slot to the next
+                    done.append((sched.release(slot), GenerationResult("", finish="error", error=str(exc))))
+                    continue
+                self._admit(slot, seq)
             if not sched.running:
                 continue
             kv_len = self._kv_len(sched.running)
