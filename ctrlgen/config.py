@@ -176,6 +176,13 @@ class EngineConfig(_Model):
     poll_every: int | None = Field(
         None, ge=1, description="Decode steps between host reads of the tokens (None: 1 on CPU, 8 on CUDA)."
     )
+    compile_processes: int = Field(
+        0,
+        ge=0,
+        description="Host processes compiling the requests' banned-sequence automata (0: threads in the engine's "
+        "process, which gain little: the compile holds the GIL for most of its work). On a GPU node give it the "
+        "CPUs the generation actor may use: at 1,000 values a row one CPU compiles ~10-20 rows a second.",
+    )
 
 
 class ModelConfig(_Model):

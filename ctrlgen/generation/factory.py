@@ -62,6 +62,7 @@ def build_engine(
                 model, tokenizer, sampling, slots=opts.slots or batch_size, max_len=opts.max_len,
                 prefill_chunk=opts.prefill_chunk, prefix_cache_tokens=opts.prefix_cache_tokens,
                 kv_bucket=opts.kv_bucket, poll_every=opts.poll_every, cuda_graphs=opts.cuda_graphs,
+                compile_processes=opts.compile_processes,
             )  # fmt: skip
             for name, adapter in (adapters or {}).items():
                 fast.add_adapter(name, adapter)

@@ -7,8 +7,10 @@ one repeated token (a weak check of positions and caches).
 
 from __future__ import annotations
 
+import concurrent.futures
 import doctest
 import importlib
+import pickle
 import random
 from typing import Any
 
@@ -21,7 +23,7 @@ from ctrlgen.generation.engines.fast.scheduler import Scheduler
 from ctrlgen.generation.engines.hf import HFEngine
 from ctrlgen.generation.factory import build_engine
 from ctrlgen.generation.logits import automaton
-from ctrlgen.generation.logits.automaton import BanTables, compile_banned, compile_banned_reference
+from ctrlgen.generation.logits.automaton import BanTables, CompiledBans, compile_banned, compile_banned_reference
 from ctrlgen.generation.logits.sampling import counter_uniform, nucleus_cutoff, sample_tokens
 from ctrlgen.generation.types import GenerationRequest
 from ctrlgen.models import tiny_tokenizer
@@ -265,6 +267,47 @@ def test_blocked_sequences_never_appear_in_fast_outputs(llama: tuple[Any, Any]) 
         assert r.token_ids and not {tuple(out[i : i + 2]) for i in range(len(out) - 1)} & set(b)
         assert b[-1][0] not in r.token_ids
     assert [r.token_ids for r in blocked] == [r.token_ids for r in ref]
+
+
+def test_automata_compiled_in_worker_processes_give_the_same_outputs_and_survive_a_killed_worker(
+    llama: tuple[Any, Any], capsys: Any
+) -> None:
+    model, tok = llama
+    prompts = _prompts(6, seed=9)
+    rng = random.Random(9)
+    vocab = len(tok)
+
+    def reqs(salt: int) -> list[GenerationRequest]:
+        return [GenerationRequest(p, seed=i + salt, banned=tuple(
+            tuple(rng.randrange(vocab) for _ in range(rng.randint(1, 3))) for _ in range(300)))
+            for i, p in enumerate(prompts)] + [GenerationRequest("Plan:", banned=((10**9,),))]  # fmt: skip
+
+    first, second = reqs(0), reqs(100)
+    threads = _fast(model, tok)
+    want = [(r.text, r.finish, r.error) for r in threads.generate(first) + threads.generate(second)]
+    procs = _fast(model, tok, compile_processes=2)
+    try:
+        got = [(r.text, r.finish, r.error) for r in procs.generate(first)]
+        assert isinstance(procs._compile_pool, concurrent.futures.ProcessPoolExecutor)
+        for proc in list(procs._compile_pool._processes.values()):  # a worker killed (OOM killer, operator)
+            proc.kill()
+            proc.join()
+        got += [(r.text, r.finish, r.error) for r in procs.generate(second)]
+    finally:
+        procs.close()
+    assert got == want
+    assert "outside the vocabulary" in (got[len(first) - 1][2] or "")  # the worker's ValueError, as an error result
+    assert procs.compile_processes == 0 and "compile processes stopped" in capsys.readouterr().err
+
+
+def test_a_compiled_automaton_survives_its_trip_as_arrays() -> None:
+    rng = random.Random(3)
+    seqs = [[rng.randrange(40) for _ in range(rng.randint(1, 5))] for _ in range(200)]
+    a = compile_banned(seqs, 40)
+    b = CompiledBans.from_arrays(pickle.loads(pickle.dumps(a.to_arrays())))
+    assert _as_strings(a) == _as_strings(b) and a.depth == b.depth and a.vocab == b.vocab
+    hist = [rng.randrange(40) for _ in range(12)]
+    assert a.state_after(hist) == b.state_after(hist)
 
 
 def test_ban_tables_equal_transformers_bad_words_processor_on_thousands_of_sequences() -> None:

@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["BanTables", "CompiledBans", "compile_banned", "compile_banned_reference"]
+__all__ = ["BanTables", "CompiledBans", "compile_banned", "compile_banned_arrays", "compile_banned_reference"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,17 @@ class CompiledBans:
             q = self._goto(q, int(t))
         return q
 
+    def to_arrays(self) -> dict[str, Any]:
+        """Its fields with the tensors as NumPy arrays: what a worker process sends back (pickled by value, not
+        as shared-memory handles)."""
+        return {f.name: (v.numpy() if isinstance(v, torch.Tensor) else v) for f in fields(self)
+                for v in (getattr(self, f.name),)}  # fmt: skip
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, Any]) -> CompiledBans:
+        """The inverse of :meth:`to_arrays`."""
+        return cls(**{k: (torch.from_numpy(v) if k in _TENSOR_FIELDS else v) for k, v in arrays.items()})
+
     def _node_of(self, toks: list[int]) -> int:
         assert self.node_hash is not None and self.node_tok is not None
         h = _hash_of(toks)
@@ -124,6 +136,14 @@ class CompiledBans:
             if q == 0:
                 return 0
             q = self.fail_host[q]
+
+
+_TENSOR_FIELDS = ("edge_keys", "edge_next", "fail", "ban_off", "ban_tok", "root_bans")
+
+
+def compile_banned_arrays(banned: Sequence[Sequence[int]], vocab: int) -> dict[str, Any]:
+    """:func:`compile_banned` for a worker process: the automaton as :meth:`CompiledBans.to_arrays`."""
+    return compile_banned(banned, vocab).to_arrays()
 
 
 _MUL = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit multiplier of the prefix hash (wraps modulo 2**64)

@@ -15,9 +15,11 @@ CPU and CUDA):
   counter-keyed sampling (:mod:`~ctrlgen.generation.logits.sampling`), the EOS / length rule and the
   automaton's advance, all as tensor ops; on CUDA it is captured once per bucket as a CUDA graph;
 * **banned sequences compiled off the critical path**: each request's automaton is compiled
-  (:func:`~ctrlgen.generation.logits.automaton.compile_banned`, array operations that release the GIL) on a
-  pool of ``compile_threads`` host threads as soon as the call starts, in admission order; a row waits only
-  for its own automaton when its slot comes, so later rows' automata are built while the device decodes;
+  (:func:`~ctrlgen.generation.logits.automaton.compile_banned`, array operations) on a pool of
+  ``compile_threads`` host threads, or of ``compile_processes`` worker processes (the compile holds the GIL
+  for most of its work, so only processes scale with the host's CPUs), as soon as the call starts, in
+  admission order; a row waits only for its own automaton when its slot comes, so later rows' automata are
+  built while the device decodes;
 * **prefix adapters** as cached keys/values written into the first positions of a row's cache
   (:meth:`FastEngine.add_adapter`): rows of different adapters (and of none) share one batch.
 
@@ -36,12 +38,13 @@ Example:
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +55,7 @@ from ctrlgen.generation.engines.fast.adapters import prefix_kv
 from ctrlgen.generation.engines.fast.kv_cache import KVCache
 from ctrlgen.generation.engines.fast.scheduler import Scheduler
 from ctrlgen.generation.engines.fast.step import DecoderRunner
-from ctrlgen.generation.logits.automaton import BanTables, CompiledBans, compile_banned
+from ctrlgen.generation.logits.automaton import BanTables, CompiledBans, compile_banned, compile_banned_arrays
 from ctrlgen.generation.logits.sampling import sample_tokens
 from ctrlgen.generation.types import GenerationRequest, GenerationResult
 
@@ -97,6 +100,9 @@ class FastEngine:
         cuda_graphs: capture the decode step on CUDA.
         compile_threads: host threads compiling the requests' banned-sequence automata (None: the CPUs this
             process may use, at most 8).
+        compile_processes: worker processes compiling them instead (0: the threads). Started on first use
+            (``spawn``: safe beside CUDA and threads), kept until :meth:`close`; a pool that breaks (a worker
+            killed) is dropped with a log line and the compile goes on in this process.
     """
 
     def __init__(
@@ -114,6 +120,7 @@ class FastEngine:
         cuda_graphs: bool = True,
         default_adapter: bool = True,
         compile_threads: int | None = None,
+        compile_processes: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         if tokenizer.pad_token is None:
@@ -140,7 +147,8 @@ class FastEngine:
         self._prefix_tokens = 0
         self._bans_cache: OrderedDict[tuple[tuple[int, ...], ...], CompiledBans] = OrderedDict()
         self.compile_threads = int(compile_threads or min(8, _usable_cpus()))
-        self._compile_pool: ThreadPoolExecutor | None = None
+        self.compile_processes = int(compile_processes)
+        self._compile_pool: Executor | None = None
         self._graphs: dict[tuple[int, int, bool], Any] = {}
         self._row_sampling = False  # some request of the current call has its own temperature / top_p
         self._requested_len = max_len
@@ -215,11 +223,30 @@ class FastEngine:
             return hit
         fut = pending.get(banned)
         if fut is None:
-            if self._compile_pool is None:
-                self._compile_pool = ThreadPoolExecutor(self.compile_threads, thread_name_prefix="ctrlgen-bans")
-            fut = self._compile_pool.submit(compile_banned, banned, self.runner.vocab)
+            fn: Callable[..., Any] = compile_banned_arrays if self.compile_processes else compile_banned
+            try:
+                fut = self._pool().submit(fn, banned, self.runner.vocab)
+            except BrokenExecutor:  # a worker died since the last call
+                self._drop_processes()
+                fut = self._pool().submit(compile_banned, banned, self.runner.vocab)
             pending[banned] = fut
         return fut
+
+    def _pool(self) -> Executor:
+        if self._compile_pool is None:
+            self._compile_pool = (
+                ProcessPoolExecutor(self.compile_processes, mp_context=multiprocessing.get_context("spawn"))
+                if self.compile_processes
+                else ThreadPoolExecutor(self.compile_threads, thread_name_prefix="ctrlgen-bans")
+            )
+        return self._compile_pool
+
+    def _drop_processes(self) -> None:
+        """The compile processes broke: log it once, compile on threads from now on."""
+        if self.compile_processes:
+            _log("the automaton compile processes stopped (a worker died): compiling in this process from now on")
+            self.compile_processes = 0
+            self._compile_pool = None
 
     def compiled_now(self, banned: Sequence[Sequence[int]]) -> CompiledBans | None:
         """The automaton of ``banned``, compiled (or taken from the cache) before returning.
@@ -236,12 +263,29 @@ class FastEngine:
         """Wait for a compiling automaton (cached from then on); ValueError if its list is invalid."""
         if not isinstance(bans, Future):
             return bans
-        got = bans.result()
+        try:
+            got = bans.result()
+        except BrokenExecutor:
+            self._drop_processes()
+            got = compile_banned(key, self.runner.vocab)
+        if isinstance(got, dict):  # from a worker process
+            got = CompiledBans.from_arrays(got)
         self._bans_cache[key] = got
         self._bans_cache.move_to_end(key)
         while len(self._bans_cache) > 512:
             self._bans_cache.popitem(last=False)
         return got
+
+    def close(self) -> None:
+        """Stop the compile pool's threads or processes (a later call starts it again)."""
+        pool, self._compile_pool = self._compile_pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_compile_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     @torch.inference_mode()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
