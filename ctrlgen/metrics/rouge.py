@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,19 +121,27 @@ class _Inverted:
     reference takes a fixed handful of vectorised calls whatever its length: its distinct keys are found
     with one ``searchsorted``, their postings cut out of the flat arrays with one index computation and
     summed with ``bincount``. The cost thus follows the postings read (what a shard of the references
-    divides), not one Python step per distinct key.
+    divides), not one Python step per distinct key. A posting is 6 bytes (int32 reference, uint16 count; uint32
+    where a count exceeds 65,535).
     """
 
     def __init__(self, keys_per_ref: Sequence[np.ndarray], totals: Sequence[int]) -> None:
         parts = [np.unique(k, return_counts=True) for k in keys_per_ref]
         keys = np.concatenate([u for u, _ in parts]) if parts else np.zeros(0, dtype=np.int64)
-        refs = np.concatenate([np.full(len(u), i, dtype=np.int64) for i, (u, _) in enumerate(parts)]) if parts else keys
-        counts = np.concatenate([c for _, c in parts]) if parts else keys
+        refs = (np.concatenate([np.full(len(u), i, dtype=np.int32) for i, (u, _) in enumerate(parts)])
+                if parts else np.zeros(0, dtype=np.int32))  # fmt: skip
+        counts = np.concatenate([c for _, c in parts]) if parts else np.zeros(0, dtype=np.int64)
+        del parts
         order = np.argsort(keys, kind="stable")
-        keys, self.ids, self.counts = keys[order], refs[order], counts[order].astype(np.float64)
-        self.keys, starts, self.lengths = np.unique(keys, return_index=True, return_counts=True)
-        self.starts = starts.astype(np.int64)
+        small = not len(counts) or int(counts.max()) <= np.iinfo(np.uint16).max
+        keys, self.ids, self.counts = keys[order], refs[order], counts[order].astype(np.uint16 if small else np.uint32)
+        self.keys, starts = np.unique(keys, return_index=True)
+        self.starts = np.append(starts, len(keys)).astype(np.int64)  # key j's postings: starts[j] .. starts[j + 1]
         self.totals = np.asarray(totals, dtype=np.float64)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.keys, self.ids, self.counts, self.starts, self.totals))
 
     def overlap(self, keys: np.ndarray) -> np.ndarray:
         """Per reference: sum over the candidate's keys of min(its count, the reference's count)."""
@@ -147,11 +155,11 @@ class _Inverted:
         if not hit.any():
             return np.zeros(out_len, dtype=np.float64)
         at, wants = at[hit], wants[hit]
-        lengths = self.lengths[at]
+        lengths = self.starts[at + 1] - self.starts[at]
         ends = np.cumsum(lengths)
         # Positions of every posting of those keys: key j's run starts at starts[at[j]].
         pos = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(self.starts[at] - (ends - lengths), lengths)
-        weights = np.minimum(self.counts[pos], np.repeat(wants, lengths))
+        weights = np.minimum(self.counts[pos], np.repeat(wants, lengths)).astype(np.float64)
         return np.bincount(self.ids[pos], weights=weights, minlength=out_len)
 
     def f1_bound(self, keys: np.ndarray, n_candidate: int) -> np.ndarray:
@@ -161,28 +169,54 @@ class _Inverted:
 
 
 class RougeIndex:
-    """The references of one maximum (a context set, or a whole fine-tuning set), indexed once."""
+    """The references of one maximum (a context set, or a whole fine-tuning set), indexed once.
+
+    References are kept as token ids (int32, one flat array with offsets) and two inverted indexes, not as
+    Python strings: the Serve Scorer holds a corpus shard this way (:attr:`nbytes`; a token's string is kept
+    once per distinct token, in the vocabulary). ``keep_texts=False`` drops the texts themselves (then
+    :meth:`brute_force`, a test helper, is unavailable).
+    """
 
     #: Candidates whose tokens are kept between :meth:`probe` and :meth:`best` (a sharded scorer calls both).
     token_cache_size = 1024
 
-    def __init__(self, references: Sequence[str]) -> None:
-        self.references = list(references)
-        self._toks = [tokenize(t) for t in self.references]
+    def __init__(self, references: Iterable[str], keep_texts: bool = True) -> None:
+        self.references: list[str] | None = [] if keep_texts else None
         self._vocab: dict[str, int] = {}
-        ids = [np.array([self._vocab.setdefault(t, len(self._vocab)) for t in toks], dtype=np.int64)
-               for toks in self._toks]  # fmt: skip
+        ids: list[np.ndarray] = []
+        for text in references:
+            if self.references is not None:
+                self.references.append(text)
+            vocab = self._vocab
+            ids.append(np.array([vocab.setdefault(t, len(vocab)) for t in tokenize(text)], dtype=np.int32))
+        lens = np.array([len(x) for x in ids], dtype=np.int64)
+        self._n = len(ids)
+        self._off = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
+        self._flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32)
         self._v = max(len(self._vocab), 1)
-        self._uni = _Inverted(ids, [len(t) for t in self._toks])
-        self._bi = _Inverted([x[:-1] * self._v + x[1:] for x in ids], [max(len(t) - 1, 0) for t in self._toks])
-        self._cache: OrderedDict[str, tuple[list[str], np.ndarray, np.ndarray]] = OrderedDict()
+        self._uni = _Inverted(ids, lens.tolist())
+        self._bi = _Inverted([x[:-1].astype(np.int64) * self._v + x[1:] for x in ids], np.maximum(lens - 1, 0).tolist())
+        self._cache: OrderedDict[str, tuple[list[int], np.ndarray, np.ndarray]] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self.references)
+        return self._n
 
-    def _tokens(self, candidate: str) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """The candidate's tokens, its unigram keys and its bigram keys (tokens unknown to the references
-        cannot overlap: their keys are dropped, their count stays in the candidate's length)."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the index's arrays (token ids, offsets, both inverted indexes); the vocabulary's strings
+        are not counted (one per distinct token, shared by all references)."""
+        return self._flat.nbytes + self._off.nbytes + self._uni.nbytes + self._bi.nbytes
+
+    def _ref(self, i: int) -> list[int]:
+        return self._flat[self._off[i] : self._off[i + 1]].tolist()
+
+    def _ref_len(self, i: int) -> int:
+        return int(self._off[i + 1] - self._off[i])
+
+    def _tokens(self, candidate: str) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """The candidate's token ids (-1: a token no reference has, which matches nothing), its unigram keys
+        and its bigram keys (unknown tokens cannot overlap: their keys are dropped, their count stays in the
+        candidate's length)."""
         got = self._cache.get(candidate)
         if got is None:
             toks = tokenize(candidate)
@@ -190,13 +224,13 @@ class RougeIndex:
             x = np.fromiter((vocab.get(t, -1) for t in toks), dtype=np.int64, count=len(toks))
             known = x >= 0
             both = known[:-1] & known[1:]
-            got = (toks, x[known], (x[:-1] * self._v + x[1:])[both])
+            got = (x.tolist(), x[known], (x[:-1] * self._v + x[1:])[both])
             self._cache[candidate] = got
             if len(self._cache) > self.token_cache_size:
                 self._cache.popitem(last=False)
         return got
 
-    def _lcs_search(self, toks: list[str], bound: np.ndarray, floor: float = 0.0) -> tuple[int, int, int]:
+    def _lcs_search(self, toks: list[int], bound: np.ndarray, floor: float = 0.0) -> tuple[int, int, int]:
         """(best reference by LCS F1, its LCS length, exact LCS computations) in decreasing bound order.
 
         References whose bound is <= ``floor`` are not searched (-1 when none is above it).
@@ -206,7 +240,7 @@ class RougeIndex:
             if bound[i] <= floor or (best_i >= 0 and best >= bound[i] + 1e-12):
                 break
             calls += 1
-            ref = self._toks[i]
+            ref = self._ref(int(i))
             lcs = lcs_length(ref, toks)
             f = 2.0 * lcs / (len(ref) + len(toks))
             if f > best or best_i < 0:
@@ -218,14 +252,15 @@ class RougeIndex:
         reference with the highest bound (one exact LCS). A sharded scorer takes the best probe over
         its shards as every shard's ``floor`` (see :meth:`best`)."""
         toks, uni, _ = self._tokens(candidate)
-        if not self.references or not toks:
+        if not self._n or not toks:
             return 0.0, 0.0, -1
         bound = self._uni.f1_bound(uni, len(toks))
         i = int(bound.argmax())
         if bound[i] <= 0.0:
             return 0.0, 0.0, -1
-        lcs = lcs_length(self._toks[i], toks)
-        return _fmeasure(lcs, len(toks), len(self._toks[i])), 2.0 * lcs / (len(self._toks[i]) + len(toks)), i
+        n_ref = self._ref_len(i)
+        lcs = lcs_length(self._ref(i), toks)
+        return _fmeasure(lcs, len(toks), n_ref), 2.0 * lcs / (n_ref + len(toks)), i
 
     def best(self, candidate: str, floor: float = 0.0) -> RougeBest:
         """The maximum ROUGE-2 and ROUGE-L F1 of ``candidate`` over the references (pruned, exact).
@@ -233,7 +268,7 @@ class RougeIndex:
         ``floor``: a ROUGE-L F1 (search form, from :meth:`probe`) already reached elsewhere;
         references that cannot beat it are skipped, and ``rougeL_ref`` is -1 when none can.
         """
-        if not self.references:
+        if not self._n:
             return RougeBest(0.0, -1, 0.0, -1, 0)
         toks, uni, bi = self._tokens(candidate)
         n_bigrams = max(len(toks) - 1, 0)
@@ -244,10 +279,12 @@ class RougeIndex:
         i2 = int(f2.argmax()) if f2.max() > 0 else -1
         il, lcs, calls = self._lcs_search(toks, self._uni.f1_bound(uni, len(toks)), floor)
         r2 = _fmeasure(int(overlap[i2]), n_bigrams, int(self._bi.totals[i2]), floor=1) if i2 >= 0 else 0.0
-        rl = _fmeasure(lcs, len(toks), len(self._toks[il])) if il >= 0 else 0.0
+        rl = _fmeasure(lcs, len(toks), self._ref_len(il)) if il >= 0 else 0.0
         return RougeBest(r2, i2, rl, il, calls)
 
     def brute_force(self, candidate: str) -> tuple[float, float]:
         """The same maxima by scoring every reference with rouge_score (for tests and small sets)."""
+        if self.references is None:
+            raise ValueError("this index was built with keep_texts=False: no texts to score")
         pairs = [rouge_pair(r, candidate) for r in self.references]
         return max((p[0] for p in pairs), default=0.0), max((p[1] for p in pairs), default=0.0)

@@ -141,7 +141,8 @@ class ReferenceShard:
                     values.setdefault((norm, category), (value, category))
         self.doc_ids = ids
         self.values = sorted({norm for norm, _ in values})
-        self._index = RougeIndex(texts)
+        self._index = RougeIndex(texts, keep_texts=False)  # token ids only (docs/serving.md)
+        del texts
         self._values = ValueIndex(list(values.values()))
 
     @property

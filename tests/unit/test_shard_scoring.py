@@ -67,3 +67,26 @@ def test_shard_numbers_are_stable_and_in_range():
     assert all(0 <= shard_of(str(i), 3) < 3 for i in range(100))
     with pytest.raises(ValueError):
         ReferenceShard([], 2, 2)
+
+
+def test_a_shard_keeps_token_ids_in_arrays_not_strings_per_token(refs):
+    """The Serve Scorer's memory (issue 39): what a shard's index retains, traced, is about 20 bytes a token
+    (int32 ids, 6-byte postings, shared keys) plus the vocabulary's strings; texts and per-token Python
+    strings (~70 bytes a token) would fail this."""
+    import tracemalloc
+
+    from ctrlgen.metrics.rouge import tokenize
+
+    texts = [r[1] for r in refs]
+    tokens = sum(len(tokenize(t)) for t in texts)
+    tracemalloc.start()
+    try:
+        idx = RougeIndex(texts, keep_texts=False)
+        retained, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert idx.references is None and len(idx) == len(texts)
+    assert retained <= 28 * tokens + 120 * len(idx._vocab), (retained, tokens, len(idx._vocab))
+    assert idx.nbytes <= retained
+    with pytest.raises(ValueError, match="keep_texts"):
+        idx.brute_force("anything")
