@@ -19,7 +19,7 @@ ORDER: list[tuple[str, list[str]]] = [
     ("Generation", ["Generation engine: CPU", "Generation engine: GPU", "Generation engine: row admission", "GPU run",
                     "ICL generation: hard token blocking and batched generation",
                     "Generation speed: shared prefill, static cache, bf16", "Value variants: over-blocking and cost"]),
-    ("Serving", ["Serve: synthesis service vs offline engine"]),
+    ("Serving", ["Serve: synthesis service vs offline engine", "Serve Scorer: reference index memory"]),
     ("Evaluation and the experiment", ["ROUGE maximum over a fine-tuning set: pruned vs all pairs",
                                        "Canary exposure scoring: shared prompt pass",
                                        "Downstream perplexity: float32 vs bf16 autocast"]),
