@@ -19,8 +19,8 @@ banned next are the *terminal* children of the nodes on that chain. They are pre
 
 :class:`BanTables` holds every slot's tables as padded tensors; each decode step :meth:`BanTables.apply`
 masks the banned tokens with one gather and one scatter, and :meth:`BanTables.advance` moves every row's
-state on the device (``searchsorted`` over the slot's sorted edge keys, following failure links a fixed
-number of times). There is no cap on sequences per row and no host sync per step; the cost per step does
+state on the device (its failure chain gathered, then one batched ``searchsorted`` of every link's edge over
+the slot's sorted edge keys). There is no cap on sequences per row and no host sync per step; the cost per step does
 not depend on how many sequences a row bans.
 
 Example:
@@ -459,18 +459,18 @@ class BanTables:
 
     def advance(self, tokens: torch.Tensor, active: torch.Tensor | None = None) -> None:
         """Move every slot's state past its new token ``tokens`` ``[slots]`` (rows not ``active`` keep theirs)."""
-        q = self.state
-        nxt = torch.zeros_like(q)
-        found = torch.zeros_like(q, dtype=torch.bool)
-        cap = self.edge_keys.shape[1] - 1
-        tok = tokens.to(torch.int64)
-        for _ in range(self.depth + 1):  # failure links shorten the match by >= 1 each: depth + 1 lookups
-            key = (q * self.vocab + tok)[:, None]
-            pos = torch.searchsorted(self.edge_keys, key).clamp(max=cap)
-            hit = (self.edge_keys.gather(1, pos) == key)[:, 0]
-            child = self.edge_next.gather(1, pos)[:, 0]
-            nxt = torch.where(hit & ~found, child, nxt)
-            found = found | hit
-            q = self.fail.gather(1, q[:, None])[:, 0]
+        # The state's failure chain (q, fail(q), ...; failure links shorten the match by >= 1 each, so depth + 1
+        # nodes reach the root), one small gather per link; then every (node, token) edge of the chain is looked
+        # up at once and the first hit - the longest suffix that extends by the token - is the next state. The
+        # lookups are one batched search instead of one search per link (a decode step's blocking is a chain of
+        # small kernels: fewer of them is what makes it cheaper).
+        chain = [self.state]
+        for _ in range(self.depth):
+            chain.append(self.fail.gather(1, chain[-1][:, None])[:, 0])
+        keys = torch.stack(chain, 1) * self.vocab + tokens.to(torch.int64)[:, None]  # [slots, depth + 1]
+        pos = torch.searchsorted(self.edge_keys, keys).clamp(max=self.edge_keys.shape[1] - 1)
+        hit = self.edge_keys.gather(1, pos) == keys
+        first = hit.to(torch.uint8).argmax(1, keepdim=True)  # the first hit along the chain (0 when none)
+        nxt = torch.where(hit.any(1), self.edge_next.gather(1, pos.gather(1, first))[:, 0], 0)
         new = nxt if active is None else torch.where(active, nxt, self.state)
         self.state.copy_(new)
