@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,9 +99,9 @@ class RougeBest:
     exact_calls: int  # exact LCS computations this search needed (of one per reference)
 
 
-def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
-    """Length of the longest common subsequence of two token lists (bit-parallel, Hyyrö 2004)."""
-    masks: dict[str, int] = {}
+def lcs_length(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
+    """Length of the longest common subsequence of two token lists (strings or ids; bit-parallel, Hyyrö 2004)."""
+    masks: dict[Hashable, int] = {}
     for j, t in enumerate(b):
         masks[t] = masks.get(t, 0) | (1 << j)
     full = (1 << len(b)) - 1
