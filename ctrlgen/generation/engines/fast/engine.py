@@ -246,7 +246,7 @@ class FastEngine:
         if self.compile_processes:
             _log("the automaton compile processes stopped (a worker died): compiling in this process from now on")
             self.compile_processes = 0
-            self._compile_pool = None
+            self.close()
 
     def compiled_now(self, banned: Sequence[Sequence[int]]) -> CompiledBans | None:
         """The automaton of ``banned``, compiled (or taken from the cache) before returning.
@@ -283,9 +283,8 @@ class FastEngine:
             pool.shutdown(wait=False, cancel_futures=True)
 
     def __del__(self) -> None:
-        pool = getattr(self, "_compile_pool", None)
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        if getattr(self, "_compile_pool", None) is not None:
+            self.close()
 
     @torch.inference_mode()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
