@@ -138,7 +138,8 @@ def section(r: dict) -> str:
         "",
         "The engine compiles every request's automaton on its pool from the start of a call, in admission order, so "
         "a row waits only for its own when its slot comes and later rows compile while the device decodes. The "
-        "compile holds the GIL for most of its work: threads add little, worker processes scale with the CPUs.",
+        "engine's thread pool shares the process's GIL with the decode loop; worker processes do not, at the cost of "
+        "sending each automaton back as arrays.",
     ]
     if step is not None:
         slots, step_s, new_tokens, device = step

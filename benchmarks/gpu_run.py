@@ -39,7 +39,7 @@ BUDGET_S = 9 * 60
 STEP_LIMITS = {"gpu_tests": 120, "engine": 200, "synthesize": 300}
 # The second (2026-11-26b) cut the engine step in transformers' generate(bad_words_ids=...) at 1 row (7,792
 # sequences): that reference now runs last, after every fast-engine figure is saved, for 4 new tokens a row;
-# the fast engine compiles automata in worker processes (the compile holds the GIL: threads gained little).
+# the fast engine compiles automata in worker processes (threads vs processes on a GPU host: to be measured).
 ENGINE_ARGS = ["--slots", "64,256", "--new-tokens", "128", "--steps", "32", "--hf-engine-up-to", "0",
                "--reference-up-to", "256", "--reference-new-tokens", "4", "--icl-targets", "0",
                "--compile-processes", "12"]  # fmt: skip

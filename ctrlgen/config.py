@@ -180,8 +180,8 @@ class EngineConfig(_Model):
         0,
         ge=0,
         description="Host processes compiling the requests' banned-sequence automata (0: threads in the engine's "
-        "process, which gain little: the compile holds the GIL for most of its work). On a GPU node give it the "
-        "CPUs the generation actor may use: at 1,000 values a row one CPU compiles ~10-20 rows a second.",
+        "process, sharing its GIL with the decode loop). Which is faster on a GPU host is not measured yet (see "
+        "docs/generation.md); at 1,000 values a row one CPU compiles ~10-20 rows a second.",
     )
 
 

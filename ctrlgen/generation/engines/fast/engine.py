@@ -16,8 +16,8 @@ CPU and CUDA):
   automaton's advance, all as tensor ops; on CUDA it is captured once per bucket as a CUDA graph;
 * **banned sequences compiled off the critical path**: each request's automaton is compiled
   (:func:`~ctrlgen.generation.logits.automaton.compile_banned`, array operations) on a pool of
-  ``compile_threads`` host threads, or of ``compile_processes`` worker processes (the compile holds the GIL
-  for most of its work, so only processes scale with the host's CPUs), as soon as the call starts, in
+  ``compile_threads`` host threads, or of ``compile_processes`` worker processes (which do not share the
+  engine's GIL with its decode loop), as soon as the call starts, in
   admission order; a row waits only for its own automaton when its slot comes, so later rows' automata are
   built while the device decodes;
 * **prefix adapters** as cached keys/values written into the first positions of a row's cache
