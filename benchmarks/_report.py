@@ -24,6 +24,7 @@ ORDER: list[tuple[str, list[str]]] = [
     ("Evaluation and the experiment", ["ROUGE maximum over a fine-tuning set: pruned vs all pairs",
                                        "Canary exposure scoring: shared prompt pass",
                                        "Downstream perplexity: float32 vs bf16 autocast"]),
+    ("Tests", ["Test suite: time and slowest tests"]),
 ]  # fmt: skip
 
 _INTRO = (
