@@ -695,6 +695,13 @@ class ServeConfig(_Model):
     extractor_batch_size: int = Field(32, ge=1, description="Documents per batched extractor call.")
     extractor_batch_wait_s: float = Field(0.02, ge=0, description="How long an extraction batch waits to fill.")
     scorer_shards: int = Field(2, ge=1, description="Shards of the reference index (one deployment each).")
+    scorer_index_dir: str | None = Field(
+        None,
+        description="A local or shared directory where each reference shard's index is saved once it is built "
+        "(.npz: token ids, document ids, values; keyed by a fingerprint of the references' files): later replicas "
+        "of a shard on nodes that see the directory load it instead of reading the whole corpus. None: every "
+        "replica builds its shard. References at a URI are always built.",
+    )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per generator replica.")
 
     @model_validator(mode="after")

@@ -283,11 +283,11 @@ class ScorerShard:
     """Shard ``shard`` of the reference index (documents by id, values by value)."""
 
     def __init__(self, cfg_json: str, shard: int, n_shards: int) -> None:
-        from ctrlgen.metrics.shard import ReferenceShard, iter_references
+        from ctrlgen.metrics.shard import ReferenceShard
 
         t0 = time.perf_counter()
         cfg = CtrlgenConfig.model_validate_json(cfg_json)
-        self.index = ReferenceShard(iter_references(references_path(cfg)), shard, n_shards)
+        self.index = ReferenceShard.cached(references_path(cfg), shard, n_shards, cfg.serve.scorer_index_dir)
         logger.info(
             "ScorerShard %d/%d ready: %d documents, %d values (%.1f s)",
             shard, n_shards, len(self.index.doc_ids), self.index.n_values, time.perf_counter() - t0,

@@ -143,6 +143,16 @@ class _Inverted:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.keys, self.ids, self.counts, self.starts, self.totals))
 
+    def arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        return {f"{prefix}{k}": getattr(self, k) for k in ("keys", "ids", "counts", "starts", "totals")}
+
+    @classmethod
+    def from_arrays(cls, arrays: Any, prefix: str) -> _Inverted:
+        inv = cls.__new__(cls)
+        for k in ("keys", "ids", "counts", "starts", "totals"):
+            setattr(inv, k, np.asarray(arrays[f"{prefix}{k}"]))
+        return inv
+
     def overlap(self, keys: np.ndarray) -> np.ndarray:
         """Per reference: sum over the candidate's keys of min(its count, the reference's count)."""
         out_len = len(self.totals)
@@ -200,6 +210,25 @@ class RougeIndex:
 
     def __len__(self) -> int:
         return self._n
+
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], list[str]]:
+        """The index as NumPy arrays and its vocabulary (token strings in id order): what
+        :meth:`from_arrays` rebuilds it from (the texts are not part of it)."""
+        arrays = {"flat": self._flat, "off": self._off, **self._uni.arrays("uni_"), **self._bi.arrays("bi_")}
+        return arrays, list(self._vocab)
+
+    @classmethod
+    def from_arrays(cls, arrays: Any, vocab: Sequence[str]) -> RougeIndex:
+        """An index equal to the one :meth:`to_arrays` came from (without its texts)."""
+        idx = cls.__new__(cls)
+        idx.references = None
+        idx._vocab = {t: i for i, t in enumerate(vocab)}
+        idx._flat, idx._off = np.asarray(arrays["flat"]), np.asarray(arrays["off"])
+        idx._n = len(idx._off) - 1
+        idx._v = max(len(idx._vocab), 1)
+        idx._uni, idx._bi = _Inverted.from_arrays(arrays, "uni_"), _Inverted.from_arrays(arrays, "bi_")
+        idx._cache = OrderedDict()
+        return idx
 
     @property
     def nbytes(self) -> int:

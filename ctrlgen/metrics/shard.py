@@ -28,10 +28,14 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ctrlgen.metrics.leakage import ValueIndex, normalize_value
 from ctrlgen.metrics.rouge import RougeIndex
@@ -126,7 +130,7 @@ class ReferenceShard:
         self.shard, self.n_shards = shard, n_shards
         ids: list[str] = []
         texts: list[str] = []
-        values: dict[tuple[str, str | None], ValueLike] = {}
+        values: dict[tuple[str, str | None], tuple[str, str | None]] = {}
         self.corpus_documents = 0
         for doc_id, text, vals in references:
             self.corpus_documents += 1
@@ -143,11 +147,58 @@ class ReferenceShard:
         self.values = sorted({norm for norm, _ in values})
         self._index = RougeIndex(texts, keep_texts=False)  # token ids only (docs/serving.md)
         del texts
-        self._values = ValueIndex(list(values.values()))
+        self._value_items = list(values.values())
+        self._values = ValueIndex(self._value_items)
 
     @property
     def n_values(self) -> int:
         return len(self.values)
+
+    def save(self, path: str | Path) -> None:
+        """Write the shard to ``path`` (NumPy ``.npz``, no pickle; written to a temporary name, then renamed, so
+        a reader never sees half a file): its token-id arrays, document ids, vocabulary and private values."""
+        arrays, vocab = self._index.to_arrays()
+        meta = {"format": 1, "shard": self.shard, "n_shards": self.n_shards, "corpus_documents": self.corpus_documents,
+                "doc_ids": self.doc_ids, "vocab": vocab, "values": [list(v) for v in self._value_items]}  # fmt: skip
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
+        savez: Any = np.savez  # (its stubs take no ** of arrays)
+        savez(tmp, meta=np.array(json.dumps(meta)), **arrays)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ReferenceShard:
+        """A shard written by :meth:`save` (scores equal to the shard it was saved from)."""
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            if meta.get("format") != 1:
+                raise ValueError(f"{path}: not a reference shard of this version (format {meta.get('format')!r})")
+            arrays = {k: z[k] for k in z.files if k != "meta"}
+        self = cls.__new__(cls)
+        self.shard, self.n_shards, self.corpus_documents = meta["shard"], meta["n_shards"], meta["corpus_documents"]
+        self.doc_ids = list(meta["doc_ids"])
+        self._value_items = [(str(v), c) for v, c in meta["values"]]
+        self.values = sorted({normalize_value(v) for v, _ in self._value_items})
+        self._index = RougeIndex.from_arrays(arrays, meta["vocab"])
+        self._values = ValueIndex(self._value_items)
+        return self
+
+    @classmethod
+    def cached(cls, references: str, shard: int, n_shards: int, index_dir: str | Path | None) -> ReferenceShard:
+        """The shard, loaded from ``index_dir`` when an index of these very references was saved there (by an
+        earlier replica on a node that shares the directory), else built from the references and saved there.
+
+        The file's name holds a fingerprint of the references (every file's path, size and modification time),
+        so changed references are indexed anew; ``index_dir`` None, or references at a URI: always built."""
+        if index_dir is None or "://" in str(references):  # remote references: no fingerprint of their files here
+            return cls(iter_references(references), shard, n_shards)
+        path = Path(index_dir) / f"shard-{shard}-of-{n_shards}-{_fingerprint(references)}.npz"
+        if path.is_file():
+            return cls.load(path)
+        built = cls(iter_references(references), shard, n_shards)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        built.save(path)
+        return built
 
     def probe(self, texts: Sequence[str]) -> list[ShardProbe]:
         """Per text, a cheap exact ROUGE-L lower bound from this shard (one LCS per text)."""
@@ -182,6 +233,19 @@ class ReferenceShard:
 
     def summary(self) -> dict[str, Any]:
         return {"shard": self.shard, "documents": len(self.doc_ids), "values": self.n_values}
+
+
+def _fingerprint(references: str) -> str:
+    """A digest of a local extraction output's files (relative path, size, modification time)."""
+    root = Path(references)
+    if not root.exists():
+        raise FileNotFoundError(f"references {references} do not exist")
+    files = sorted(p for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file())
+    h = hashlib.sha256(str(root.resolve()).encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.relative_to(root) if f != root else f.name}\x1f{st.st_size}\x1f{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
 
 
 def merge_shard_scores(

@@ -62,12 +62,13 @@ def service(tmp_path_factory, shared):
     overrides = [f"corpus.path={shared / 'physionet-deid'}", f"serve.contexts={tmp / 'extracted'}",
                  f"serve.token_file={tmp / 'token'}", f"serve.audit_token_file={tmp / 'audit_token'}",
                  "serve.max_texts=32", f"serve.score_rate_texts={SCORE_RATE[0]}",
-                 f"serve.score_rate_window_s={SCORE_RATE[1]}"]  # fmt: skip
+                 f"serve.score_rate_window_s={SCORE_RATE[1]}", f"serve.scorer_index_dir={tmp / 'scorer_index'}"]  # fmt: skip
     cfg = load_config(ROOT / "configs/serve_tiny.yaml", overrides)
     svc = start_service(cfg, ROOT / "configs/serve/tiny.yaml", str(ROOT / "configs/serve_tiny.yaml"), overrides,
                         port=_free_port())  # fmt: skip
     svc.metrics_port = metrics_port
     svc.extracted = tmp / "extracted"
+    svc.scorer_index = tmp / "scorer_index"
     yield svc
     stop_service()
     ray.shutdown()
@@ -361,6 +362,15 @@ def test_sharded_scores_equal_the_whole_corpus_metrics(service):
     assert ans["pipp"] == pytest.approx(pipp_finetune(texts, values))
     assert ans["elp"] == pytest.approx(elp_finetune(texts, values))
     assert ans["texts"][0]["leaked_values"] > 0 and "leaked" not in ans["texts"][0]  # counts, never values
+    # each shard's replica saved its index for the replicas after it; loaded, it scores as the service did
+    from ctrlgen.metrics.shard import ReferenceShard, floors_of, merge_shard_scores
+
+    files = sorted(service.scorer_index.glob("shard-*-of-2-*.npz"))
+    assert [f.name[:12] for f in files] == ["shard-0-of-2", "shard-1-of-2"]
+    shards = [ReferenceShard.load(f) for f in files]
+    probes = [s.probe(texts) for s in shards]
+    merged = merge_shard_scores([s.score(texts, floors_of(probes)) for s in shards], probes)
+    assert [m.rougeL for m in merged] == pytest.approx([t["rougeL"] for t in ans["texts"]])
 
 
 def test_metrics_reach_the_prometheus_endpoint(service):

@@ -90,3 +90,42 @@ def test_a_shard_keeps_token_ids_in_arrays_not_strings_per_token(refs):
     assert idx.nbytes <= retained
     with pytest.raises(ValueError, match="keep_texts"):
         idx.brute_force("anything")
+
+
+def test_a_saved_shard_loads_with_equal_scores_and_no_texts(refs, tmp_path):
+    texts = _texts(refs)
+    for n in (1, 3):
+        for i in range(n):
+            built = ReferenceShard(refs, i, n)
+            built.save(tmp_path / f"s{i}-{n}.npz")
+            loaded = ReferenceShard.load(tmp_path / f"s{i}-{n}.npz")
+            assert loaded.summary() == built.summary() and loaded.corpus_documents == built.corpus_documents
+            assert loaded.values == built.values and loaded.doc_ids == built.doc_ids
+            assert loaded.probe(texts) == built.probe(texts)
+            assert loaded.score(texts) == built.score(texts)
+    raw = (tmp_path / "s0-1.npz").read_bytes()
+    assert refs[0][1][:40].encode() not in raw  # token ids, not the notes' text
+
+
+def test_cached_shards_are_built_once_per_references_and_rebuilt_when_they_change(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def write(rows):
+        d = tmp_path / "extracted" / "status=ok"
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist([{"doc_id": i, "text": t, "control_code": c, "entities": []}
+                                             for i, t, c in rows]), d / "part-0.parquet")  # fmt: skip
+
+    write([("a", "Seen by Dr. Smith on the ward.", "PERSON: Smith"), ("b", "Discharged home, stable.", "")])
+    refs_dir, index_dir = str(tmp_path / "extracted"), tmp_path / "index"
+    first = ReferenceShard.cached(refs_dir, 0, 1, index_dir)
+    assert len(list(index_dir.glob("shard-0-of-1-*.npz"))) == 1
+    built = []
+    real_init = ReferenceShard.__init__
+    monkeypatch.setattr(ReferenceShard, "__init__", lambda self, *a: (built.append(1), real_init(self, *a))[1])
+    again = ReferenceShard.cached(refs_dir, 0, 1, index_dir)  # another replica: loads the file
+    assert not built and again.score(["Dr. Smith came"]) == first.score(["Dr. Smith came"])
+    write([("c", "Seen by Dr. Jones.", "PERSON: Jones")])  # new references: a new index
+    changed = ReferenceShard.cached(refs_dir, 0, 1, index_dir)
+    assert built and changed.doc_ids == ["c"] and len(list(index_dir.glob("*.npz"))) == 2
