@@ -144,11 +144,15 @@ class ReferenceShard:
                 if norm and shard_of("value\x1f" + norm, n_shards) == shard:
                     values.setdefault((norm, category), (value, category))
         self.doc_ids = ids
-        self.values = sorted({norm for norm, _ in values})
         self._index = RougeIndex(texts, keep_texts=False)  # token ids only (docs/serving.md)
         del texts
-        self._value_items = list(values.values())
-        self._values = ValueIndex(self._value_items)
+        self._set_values(list(values.values()))
+
+    def _set_values(self, items: list[tuple[str, str | None]]) -> None:
+        """The shard's private values (as written, with their categories), their normalised forms and index."""
+        self._value_items = items
+        self.values = sorted({normalize_value(v) for v, _ in items})
+        self._values = ValueIndex(items)
 
     @property
     def n_values(self) -> int:
@@ -177,10 +181,8 @@ class ReferenceShard:
         self = cls.__new__(cls)
         self.shard, self.n_shards, self.corpus_documents = meta["shard"], meta["n_shards"], meta["corpus_documents"]
         self.doc_ids = list(meta["doc_ids"])
-        self._value_items = [(str(v), c) for v, c in meta["values"]]
-        self.values = sorted({normalize_value(v) for v, _ in self._value_items})
         self._index = RougeIndex.from_arrays(arrays, meta["vocab"])
-        self._values = ValueIndex(self._value_items)
+        self._set_values([(str(v), c) for v, c in meta["values"]])
         return self
 
     @classmethod
@@ -190,7 +192,9 @@ class ReferenceShard:
 
         The file's name holds a fingerprint of the references (every file's path, size and modification time),
         so changed references are indexed anew; ``index_dir`` None, or references at a URI: always built."""
-        if index_dir is None or "://" in str(references):  # remote references: no fingerprint of their files here
+        from ctrlgen import storage
+
+        if index_dir is None or storage.is_uri(str(references)):  # remote references: no fingerprint of their files
             return cls(iter_references(references), shard, n_shards)
         path = Path(index_dir) / f"shard-{shard}-of-{n_shards}-{_fingerprint(references)}.npz"
         if path.is_file():

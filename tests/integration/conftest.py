@@ -26,6 +26,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.fixture
+def free_port():
+    """A function that returns a free TCP port on 127.0.0.1."""
+    return _free_port
+
+
 S3_BUCKET = "ctrlgen-test"
 
 

@@ -9,7 +9,6 @@ node can only check tokens against the digests they were given. Bounded: a few r
 """
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,12 +22,6 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = "release-token-two-nodes-" + os.urandom(6).hex()
 AUDIT = "audit-token-two-nodes-" + os.urandom(6).hex()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _contexts(tmp: Path) -> Path:
@@ -53,7 +46,7 @@ def _contexts(tmp: Path) -> Path:
     return out
 
 
-def test_a_written_deploy_config_serves_from_a_second_node_with_token_digests_only(tmp_path, monkeypatch):
+def test_a_written_deploy_config_serves_from_a_second_node_with_token_digests_only(tmp_path, monkeypatch, free_port):
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
     from ray.util.state import list_actors
@@ -64,7 +57,7 @@ def test_a_written_deploy_config_serves_from_a_second_node_with_token_digests_on
     contexts = _contexts(tmp_path)
     monkeypatch.setenv("CTRLGEN_SERVE_TOKEN", RELEASE)
     monkeypatch.setenv("CTRLGEN_SERVE_AUDIT_TOKEN", AUDIT)
-    port, dash = _free_port(), _free_port()
+    port, dash = free_port(), free_port()
     deploy = tmp_path / "deploy.yaml"
     assert main(["serve", "-c", "configs/serve_tiny.yaml", "--serve-config", "configs/serve/tiny.yaml",
                  "--port", str(port), "--write-deploy", str(deploy), f"serve.contexts={contexts}"]) == 0  # fmt: skip
