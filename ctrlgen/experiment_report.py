@@ -123,7 +123,8 @@ def reading(summary: Sequence[Mapping[str, Any]], data: Mapping[str, Any]) -> li
                       "initials and small numbers, which any clinical text can contain)." if share else "."))  # fmt: skip
 
     # Masking and DP against the plain prefix.
-    for other, name in (("prefix_masked", "Masking"), ("prefix_dp8", "DP-SGD eps 8"), ("prefix_dp4", "DP-SGD eps 4")):
+    for other, name in (("prefix_masked", "Masking"), ("prefix_masked_paper", "The paper's masking loss"),
+                        ("prefix_dp8", "DP-SGD eps 8"), ("prefix_dp4", "DP-SGD eps 4")):  # fmt: skip
         parts = []
         for s in settings:
             a, b = by.get((s, other)), by.get((s, "prefix"))
@@ -131,6 +132,8 @@ def reading(summary: Sequence[Mapping[str, Any]], data: Mapping[str, Any]) -> li
             for key, col in (
                 ("pipp", "PIPP"),
                 ("pipp_long", "PIPP ≥4ch"),
+                ("exposure", "canary exposure"),
+                ("perplexity", "downstream perplexity"),
                 ("semantic_privacy_gap", "semantic privacy, chance − score"),
             ):
                 if a and b and a.get(key) and b.get(key):
