@@ -14,6 +14,9 @@ import pytest
 def ray_cluster():
     ray = pytest.importorskip("ray")
     os.environ["RAY_AUTH_MODE"] = "disabled"
+    from ray_jobs.runtime import parquet_reader
+
+    parquet_reader()  # the jobs' Parquet reader (V1), set before the workers start so that they inherit it
     # 4 logical CPUs on 2 cores: avoids the read-task deadlocks listed in RAY_NOTES.
     ray.init(address="local", num_cpus=4, include_dashboard=False, configure_logging=False)
     yield ray
