@@ -11,7 +11,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
 #: (stage, the section titles of that stage in reading order); a section not listed goes last.
 ORDER: list[tuple[str, list[str]]] = [
-    ("Data path", ["Demo corpus generation and ingest (streaming)", "Driver memory and training ingest vs corpus size"]),
+    ("Data path", ["Demo corpus generation and ingest (streaming)", "Driver memory and training ingest vs corpus size",
+                   "Parquet reader: Ray Data V2 vs V1 on small reads"]),
     ("Extraction", ["Entity extraction", "Entity extraction: the clinical-NER engine vs the deid tool",
                     "spaCy release and NER speed"]),
     ("Prefix training", ["Prefix tuning: masked vs plain, 1 vs 2 Ray Train workers",
