@@ -1,0 +1,113 @@
+"""The CI experiment (``configs/experiment_tiny.yaml``) at an earlier commit and at this checkout, in one run:
+wall time, Ray worker processes started, and whether ``results.json`` is the same.
+
+    .venv/bin/python benchmarks/experiment_tiny.py [--before d58b002] [--out /tmp/ctrlgen-tiny] [key=value ...]
+
+The earlier commit is checked out as a git worktree beside the output and run with this venv (its own code on
+``PYTHONPATH``, so the Ray workers import it too); both runs use the same config, the same corpus
+(``../shared/data/physionet-deid``) and ``training.dp.reproducible_noise=true`` (the DP rows' noise drawn
+from the seed, so that the two runs can be compared; the default draws secret noise). Compared as in
+``benchmarks/experiment_repeat.py``: every value of ``results.json`` but the wall time, the config and how the
+run was launched, and every generated text. Writes ``docs/benchmarks/experiment_tiny.json`` and the section
+"Experiment: the CI matrix, before vs after" of docs/benchmarks.md. Issue 39 item 3's target: after <= 1/3
+of before, identical values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+from _report import write_section  # noqa: E402
+from experiment_repeat import compare  # noqa: E402
+
+CONFIG = "configs/experiment_tiny.yaml"
+RAY_TMP = Path("/tmp/ray")
+
+
+def _git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _sessions() -> set[Path]:
+    return set(RAY_TMP.glob("session_2*")) if RAY_TMP.exists() else set()
+
+
+def run_once(code: Path, out: Path, overrides: list[str]) -> dict[str, float | int]:
+    """``ctrlgen experiment`` with ``code``'s package, in a fresh process (its own private Ray cluster)."""
+    shared = (ROOT.parent / "shared" / "data" / "physionet-deid").resolve()
+    cmd = [sys.executable, "-m", "ctrlgen.cli", "experiment", "-c", CONFIG, f"output_dir={out}",
+           f"corpus.path={shared}", "training.dp.reproducible_noise=true", *overrides]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
+    before = _sessions()
+    log = out.parent / f"{out.name}.log"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[experiment_tiny] {code.name}: {' '.join(cmd[3:])} (log {log})", flush=True)
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        subprocess.run(cmd, cwd=code, env=env, check=True, stdout=f, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - t0
+    new = sorted(_sessions() - before)
+    workers = sum(1 for s in new for _ in (s / "logs").glob("worker-*.out")) if new else -1
+    print(f"[experiment_tiny] {code.name}: {seconds / 60:.1f} min, {workers} worker processes", flush=True)
+    return {"seconds": seconds, "workers": workers}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--before", default="d58b002", help="the earlier commit (default: before issue 39's changes)")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/ctrlgen-tiny"))
+    ap.add_argument("overrides", nargs="*", help="config overrides for both runs")
+    args = ap.parse_args()
+    after_commit = _git("rev-parse", "--short", "HEAD")
+    before_commit = _git("rev-parse", "--short", args.before)
+    tree = args.out / f"worktree-{before_commit}"
+    if not tree.exists():
+        _git("worktree", "add", "--detach", str(tree), before_commit)
+    if (ROOT / ".cache").exists() and not (tree / ".cache").exists():
+        (tree / ".cache").symlink_to(ROOT / ".cache")  # what make setup trained (the clinical NER), shared
+    try:
+        runs = {"before": run_once(tree, args.out / "before", args.overrides),
+                "after": run_once(ROOT, args.out / "after", args.overrides)}  # fmt: skip
+    finally:
+        _git("worktree", "remove", "--force", str(tree))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        same = compare(args.out / "before", args.out / "after")
+    print(printed.getvalue(), end="")
+    ratio = runs["after"]["seconds"] / runs["before"]["seconds"]
+    r = {"command": ".venv/bin/python benchmarks/experiment_tiny.py" + (f" --before {args.before}"
+                                                                         if args.before != "d58b002" else ""),
+         "overrides": args.overrides, "before": {"commit": before_commit, **runs["before"]},
+         "after": {"commit": after_commit, **runs["after"]}, "after_over_before": ratio,
+         "identical": same, "comparison": printed.getvalue().strip().splitlines(),
+         "machine": f"{os.cpu_count()} CPU cores", "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+    (ROOT / "docs" / "benchmarks" / "experiment_tiny.json").write_text(json.dumps(r, indent=1) + "\n")
+    rows = [f"| {k} ({r[k]['commit']}) | {r[k]['seconds'] / 60:.1f} | {r[k]['workers']} |" for k in ("before", "after")]
+    write_section("Experiment: the CI matrix, before vs after", "\n".join([
+        f"Command: `{r['command']}`; both runs in one invocation, one after the other, each a fresh process with "
+        f"its own Ray cluster (`{CONFIG}`, `training.dp.reproducible_noise=true`).",
+        "",
+        "| code | wall time, min | Ray worker processes started |",
+        "|---|---|---|",
+        *rows,
+        "",
+        f"After / before: **{ratio:.2f}** (target <= 0.33: {'met' if ratio <= 1 / 3 else 'not met'}). "
+        f"results.json and generated texts: {'identical' if same else 'NOT identical'} "
+        f"({'; '.join(r['comparison'][:2])}).",
+    ]))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
