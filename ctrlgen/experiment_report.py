@@ -167,6 +167,10 @@ def reading(summary: Sequence[Mapping[str, Any]], data: Mapping[str, Any]) -> li
         out.append(f"**Canary exposure**{top}: the prefixes {_span(vals, 2)}, the untuned base model "
                    f"{base['mean']:.2f}; {verdict}.")  # fmt: skip
 
+    paired = _paired_exposure(data, settings)
+    if paired:
+        out.append(paired)
+
     # Semantic attack against chance.
     sem = [r for r in _rows(summary) if r.get("semantic_privacy")]
     gaps = [r for r in sem if r.get("semantic_privacy_gap") and not math.isnan(r["semantic_privacy_gap"]["lo"])]
@@ -222,6 +226,44 @@ def reading(summary: Sequence[Mapping[str, Any]], data: Mapping[str, Any]) -> li
         out.append(f"**MAUVE** takes {len(set(mauve))} distinct values over {len(mauve)} cells{buckets}"
                    + (": at this size it does not resolve differences between methods." if coarse else "."))  # fmt: skip
     return out
+
+
+def _paired_exposure(data: Mapping[str, Any], settings: Sequence[str]) -> str | None:
+    """Canary exposure compared canary by canary (every prefix of a run is scored on the same canaries, so the
+    per-canary difference removes how likely the base model already finds each secret): the plain prefix
+    against the untuned model, and each other variant against the plain prefix; mean difference with a
+    bootstrap over the canaries, and how many canaries are lower."""
+    from ctrlgen.intervals import cluster_bootstrap
+
+    cells = data.get("cells", [])
+
+    def canaries(setting: str, method: str) -> dict[str, float] | None:
+        for c in cells:
+            if c.get("setting") == setting and c.get("method") == method and c.get("per_canary"):
+                pc = c["per_canary"]
+                return dict(zip(pc["cluster"], pc["exposure"], strict=True))
+        return None
+
+    base = canaries("reference", "base")
+    parts = []
+    for s in settings:
+        plain = canaries(s, "prefix")
+        pairs = [("prefix", "the untuned model", plain, base)]
+        pairs += [(m, "the plain prefix", canaries(s, m), plain)
+                  for m in ("prefix_masked", "prefix_masked_paper", "prefix_dp8", "prefix_dp4")]  # fmt: skip
+        for method, against, a, b in pairs:
+            if not a or not b or set(a) != set(b):
+                continue
+            keys = sorted(a)
+            d = [a[k] - b[k] for k in keys]
+            mean, lo, hi = cluster_bootstrap(d, keys, seed=0)
+            ci = "" if math.isnan(lo) else f" [{lo:+.2f}, {hi:+.2f}]"
+            lower = sum(x < 0 for x in d)
+            parts.append(f"{s}: {_label(method)} − {against} {mean:+.2f}{ci} ({lower} of {len(d)} canaries lower)")
+    if not parts:
+        return None
+    return ("**Canary exposure, canary by canary** (the same canaries in every model; mean difference, 95% "
+            "bootstrap over the canaries): " + "; ".join(parts) + ".")  # fmt: skip
 
 
 def _describe(data: Mapping[str, Any]) -> str:
