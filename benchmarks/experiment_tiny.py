@@ -68,6 +68,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", default="d58b002", help="the earlier commit (default: before issue 39's changes)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/ctrlgen-tiny"))
+    ap.add_argument("--after-first", action="store_true",
+                    help="run this checkout first (when something else may still be running at the start, the "
+                         "ratio is then an upper bound: the first run bears the contention)")  # fmt: skip
     ap.add_argument("overrides", nargs="*", help="config overrides for both runs")
     args = ap.parse_args()
     after_commit = _git("rev-parse", "--short", "HEAD")
@@ -78,8 +81,8 @@ def main() -> None:
     if (ROOT / ".cache").exists() and not (tree / ".cache").exists():
         (tree / ".cache").symlink_to(ROOT / ".cache")  # what make setup trained (the clinical NER), shared
     try:
-        runs = {"before": run_once(tree, args.out / "before", args.overrides),
-                "after": run_once(ROOT, args.out / "after", args.overrides)}  # fmt: skip
+        order = [("after", ROOT), ("before", tree)] if args.after_first else [("before", tree), ("after", ROOT)]
+        runs = {name: run_once(code, args.out / name, args.overrides) for name, code in order}
     finally:
         _git("worktree", "remove", "--force", str(tree))
     printed = io.StringIO()
@@ -88,7 +91,8 @@ def main() -> None:
     print(printed.getvalue(), end="")
     ratio = runs["after"]["seconds"] / runs["before"]["seconds"]
     r = {"command": ".venv/bin/python benchmarks/experiment_tiny.py" + (f" --before {args.before}"
-                                                                         if args.before != "d58b002" else ""),
+                                                                         if args.before != "d58b002" else "")
+         + (" --after-first" if args.after_first else ""), "order": [name for name, _ in order],
          "overrides": args.overrides, "before": {"commit": before_commit, **runs["before"]},
          "after": {"commit": after_commit, **runs["after"]}, "after_over_before": ratio,
          "identical": same, "comparison": printed.getvalue().strip().splitlines(),
@@ -96,8 +100,8 @@ def main() -> None:
     (ROOT / "docs" / "benchmarks" / "experiment_tiny.json").write_text(json.dumps(r, indent=1) + "\n")
     rows = [f"| {k} ({r[k]['commit']}) | {r[k]['seconds'] / 60:.1f} | {r[k]['workers']} |" for k in ("before", "after")]
     write_section("Experiment: the CI matrix, before vs after", "\n".join([
-        f"Command: `{r['command']}`; both runs in one invocation, one after the other, each a fresh process with "
-        f"its own Ray cluster (`{CONFIG}`, `training.dp.reproducible_noise=true`).",
+        f"Command: `{r['command']}`; both runs in one invocation, one after the other ({' then '.join(r['order'])}), "
+        f"each a fresh process with its own Ray cluster (`{CONFIG}`, `training.dp.reproducible_noise=true`).",
         "",
         "| code | wall time, min | Ray worker processes started |",
         "|---|---|---|",
