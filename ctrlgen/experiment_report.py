@@ -164,6 +164,11 @@ def reading(summary: Sequence[Mapping[str, Any]], data: Mapping[str, Any]) -> li
             if not above
             else "above the base model: " + ", ".join(f"{_label(r['method'])} ({r['setting']})" for r in above)
         )
+        ceiling = [r for r in ex if cands and r["exposure"]["mean"] >= math.log2(cands + 1) - 1e-9]
+        if ceiling:
+            verdict += ("; at the maximum, every canary ranked first of its candidates (the measure saturates: more "
+                        "candidates would separate these rows): " + ", ".join(
+                            f"{_label(r['method'])} ({r['setting']})" for r in ceiling))  # fmt: skip
         out.append(f"**Canary exposure**{top}: the prefixes {_span(vals, 2)}, the untuned base model "
                    f"{base['mean']:.2f}; {verdict}.")  # fmt: skip
 
@@ -297,10 +302,12 @@ def _describe(data: Mapping[str, Any]) -> str:
             + "."
         )
     if gen:
+        icl = any(m in ("baseline", "icl", "icl_blocking") for m in methods)
         text += (
-            f" ICL: {gen.get('n_context')} contexts from a pool of {gen.get('context_pool_size')} train-split notes; "
-            f"outputs of at most {(gen.get('sampling') or {}).get('max_new_tokens')} new tokens."
-        )
+            (f" ICL: {gen.get('n_context')} contexts from a pool of {gen.get('context_pool_size')} train-split notes;"
+             if icl else " Generation:")
+            + f" outputs of at most {(gen.get('sampling') or {}).get('max_new_tokens')} new tokens."
+        )  # fmt: skip
     util = x.get("utility_outputs")
     text += (
         f" Utility against {x.get('test_documents')} real test notes"
