@@ -162,21 +162,14 @@ def _read_parquet(paths: list[str], rows_per_block: int, min_blocks: int) -> Any
     tasks themselves cut the blocks: no separate repartition step. When that needs no more
     blocks than there are files, every read task reads whole files and Ray Data fuses the
     read into the extraction actors (no input block goes through the object store).
-    Ray 2.60's default (V2) Parquet reader would read the footers on a pool of
-    ``FooterReader`` actors, up to 32 new worker processes per read at about a CPU-second
-    each to start, all before the first row reaches an extractor: the documented V1 switch
-    of the ``DataContext`` reads local shards without them.
+    The Parquet reader (V1 unless ``RAY_DATA_USE_DATASOURCE_V2`` is set) is the one every job uses
+    (:func:`ray_jobs.runtime.parquet_reader`, set by ``init_ray``).
     """
     import ray
 
     rows = sum(open_parquet(p).metadata.num_rows for p in paths)
-    ctx = ray.data.DataContext.get_current()
-    v2, ctx.use_datasource_v2 = ctx.use_datasource_v2, False
-    try:
-        blocks = min(max(-(-rows // rows_per_block), min_blocks), max(rows, 1))
-        return ray.data.read_parquet(paths, override_num_blocks=blocks)
-    finally:
-        ctx.use_datasource_v2 = v2
+    blocks = min(max(-(-rows // rows_per_block), min_blocks), max(rows, 1))
+    return ray.data.read_parquet(paths, override_num_blocks=blocks)
 
 
 def _dataset(
