@@ -409,7 +409,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample
     from ray_jobs.evaluate import evaluate, shard_references
     from ray_jobs.generate import _generated_dataset
-    from ray_jobs.generate import run as run_generate
+    from ray_jobs.generate_cells import Cell, generate_cells
     from ray_jobs.runtime import init_ray
     from ray_jobs.train import run as run_train
 
@@ -513,7 +513,36 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                 f"sharded references hold {shards.n_finetune_values} fine-tuning values, not {n_ft_values}"
             )
 
-    # 5-6. Generation and evaluation per (setting, seed).
+    # 5. Generation: every cell of the matrix ((setting, seed) x the ICL modes, each prefix) in one Ray Data job.
+    # The baseline prompt has no control codes: generated once per seed (in its first setting).
+    gen_cells: list[Cell] = []
+    plan: dict[tuple[int, str], list[tuple[list[str], Path | None, Path]]] = {}
+    baseline_setting: dict[int, str] = {}
+    for seed in x.seeds:
+        train_seed = seed if x.train_per_seed else x.seeds[0]
+        for setting in settings:
+            runs: list[tuple[list[str], Path | None]] = []
+            icl_modes = [m for m in _ICL if m in x.methods and not (m == "baseline" and seed in baseline_setting)]
+            if "baseline" in icl_modes:
+                baseline_setting[seed] = setting
+            if icl_modes:
+                runs.append((icl_modes, None))
+            runs += [([m], adapters[(setting, m, train_seed)]) for m in prefix_methods]
+            for modes, adapter in runs:
+                gen_dir = out / "runs" / setting / f"gen-{'-'.join(modes)}-s{seed}"
+                gen_cells.append(Cell(
+                    key=f"{setting}/{'-'.join(modes)}/s{seed}", output=str(gen_dir / "generated"), seed=seed,
+                    modes=("prefix",) if adapter else tuple(modes), input=str(splits[setting]["test"]),
+                    context_input=str(splits[setting]["train"]), num_documents=x.num_documents,
+                    adapter=str(adapter / "adapter") if adapter else None,
+                    finetune_data=str(adapter / "train_data") if adapter else None,
+                ))  # fmt: skip
+                plan.setdefault((seed, setting), []).append((modes, adapter, gen_dir))
+    _log(f"generating {len(gen_cells)} cells (every setting and seed; one Ray Data job)")
+    # the matrix scores with its own Evaluator; a re-run skips the cells already written
+    generate_cells(cfg, gen_cells, resume=x.resume)
+
+    # 6. Evaluation per (setting, seed).
     util = _Utility(cfg, test_texts, test_labels)
     judge = _judge(util, test_texts)
     pending: list[_Pending] = []
@@ -539,25 +568,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                       "perplexity": util.perplexity(real_sample, seed), "mauve": util.mauve(real_sample, seed),
                       "cls_f1": util.classify(real_sample, [_categories(r["control_code"]) for r in real_rows])})  # fmt: skip
         for setting in settings:
-            runs: list[tuple[list[str], Path | None]] = []
-            icl_modes = [m for m in _ICL if m in x.methods and not (m == "baseline" and seed in baseline_cells)]
-            if icl_modes:
-                runs.append((icl_modes, None))
-            runs += [([m], adapters[(setting, m, train_seed)]) for m in prefix_methods]
-            for modes, adapter in runs:
-                gen_dir = out / "runs" / setting / f"gen-{'-'.join(modes)}-s{seed}"
-                over: dict[str, Any] = {
-                    "output_dir": str(gen_dir), "generation__input": str(splits[setting]["test"]),
-                    "generation__context_input": str(splits[setting]["train"]),
-                    "generation__num_documents": x.num_documents, "generation__seed": seed,
-                    "generation__modes": ["prefix"] if adapter else modes,
-                }  # fmt: skip
-                if adapter is not None:
-                    over |= {"generation__adapter": str(adapter / "adapter"),
-                             "generation__finetune_data": str(adapter / "train_data")}  # fmt: skip
-                _log(f"generating {', '.join(modes)} ({setting}, seed {seed})")
-                # the matrix scores with its own Evaluator; a re-run skips the documents already committed
-                run_generate(_with(cfg, **over), resume=x.resume, score=False)
+            for modes, adapter, gen_dir in plan.get((seed, setting), []):
                 rows = read_generated(gen_dir / "generated")
                 ft = adapter is not None
                 ft_ids = sorted(real_ft) if ft else []

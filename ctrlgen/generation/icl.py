@@ -151,12 +151,13 @@ def mode_request(
     banned_of: Callable[[ContextDoc], tuple[tuple[int, ...], ...]],
     finetune_values: Sequence[str] | ValueIndex = (),
     max_new_tokens: int | None = None,
+    adapter: str = PREFIX_ADAPTER,
 ) -> ModeRequest:
     """The prompt, banned sequences, stop strings and known values of one output of ``mode``.
 
     ``banned_of`` gives a context's banned token sequences (cached by the caller);
-    only ``icl_blocking`` uses it. The batch job and the Serve generator both build
-    their requests here.
+    only ``icl_blocking`` uses it. ``adapter``: the engine's name for the prefix mode's adapter. The batch
+    job and the Serve generator both build their requests here.
     """
     if mode == "baseline":
         prompt = baseline_prompt([c.text for c in contexts])
@@ -177,8 +178,8 @@ def mode_request(
         known = as_index(finetune_values)
     else:
         known = tuple(sorted({v for c in contexts for v in c.values}))
-    adapter = PREFIX_ADAPTER if mode == "prefix" else None
-    req = GenerationRequest(prompt, banned, seed, tuple(stop_strings(mode)), max_new_tokens, adapter)
+    req = GenerationRequest(prompt, banned, seed, tuple(stop_strings(mode)), max_new_tokens,
+                            adapter if mode == "prefix" else None)  # fmt: skip
     return ModeRequest(req, known)
 
 
@@ -201,18 +202,20 @@ def generate_rows(
     prefix_engine: GenerationEngine | None = None,
     finetune_values: Sequence[str] | ValueIndex = (),
     banned_cache: dict[str, tuple[tuple[int, ...], ...]] | None = None,
+    adapter: str = PREFIX_ADAPTER,
 ) -> pa.Table:
     """Generate every configured mode for every target row; one output row per (row, mode).
 
     ``progress`` (if given) receives one line per mode: outputs, new tokens, seconds
     (counts only, never text). ``prefix_engine`` and ``finetune_values`` serve the
     ``prefix`` mode (its ``context_values`` column stays empty: the reference set is
-    the fine-tuning set's, stated once by the job).
+    the fine-tuning set's, stated once by the job); ``adapter`` names the prefix adapter among the engine's
+    (an engine may hold several: :mod:`ray_jobs.generate_cells`).
     """
     icl_modes = [m for m in cfg.modes if m != "prefix"]
     if icl_modes and len(pool) < cfg.n_context + 1:
         raise CtrlgenError(f"context pool has {len(pool)} documents; need at least {cfg.n_context + 1}")
-    if "prefix" in cfg.modes and prefix_engine is None and PREFIX_ADAPTER not in getattr(engine, "adapters", {}):
+    if "prefix" in cfg.modes and prefix_engine is None and adapter not in getattr(engine, "adapters", {}):
         raise CtrlgenError("the prefix mode needs the prefix-tuned model (generation.adapter)")
     # Built once per call when given as values; callers with many batches pass a ValueIndex.
     finetune = as_index(finetune_values) if "prefix" in cfg.modes else ValueIndex(())
@@ -259,7 +262,8 @@ def generate_rows(
                 if mode != "baseline" and error:
                     out.append(_quarantined(doc_id, mode, error))
                     continue
-                mr = mode_request(mode, contexts, fake, row_seed(cfg.seed, doc_id, mode), banned_of, finetune)
+                mr = mode_request(mode, contexts, fake, row_seed(cfg.seed, doc_id, mode), banned_of, finetune,
+                                  adapter=adapter)  # fmt: skip
                 requests.append(mr.request)
                 prefix = mode == "prefix"
                 known.append(mr.known)

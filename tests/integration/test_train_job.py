@@ -53,6 +53,27 @@ def test_train_two_workers_then_generate_from_the_prefix(ray_cluster, tmp_path, 
     assert {r["mode"] for r in rows} == {"prefix"} and all(r["status"] == "ok" for r in rows)
     assert all(r["fictional_code"] and r["new_tokens"] > 0 for r in rows)
 
+    # The experiment's generation stage (ray_jobs.generate_cells): this prefix cell and an ICL cell of another seed
+    # in one job, their rows sharing batches: the prefix cell's rows are the generation job's, text for text.
+    from ctrlgen.config import load_config
+    from ray_jobs.generate_cells import Cell, generate_cells
+
+    cfg = load_config(CONFIG, [*overrides, "generation.max_context_tokens=64"])  # 3 contexts fit the tiny model
+    ext, g = str(out / "extracted"), cfg.generation
+    cells = [
+        Cell("prefix", str(tmp_path / "cells" / "prefix"), g.seed, ("prefix",), ext, ext, 6, str(out / "adapter"),
+             str(out / "train_data")),
+        Cell("icl", str(tmp_path / "cells" / "icl"), g.seed + 5, ("icl", "icl_blocking"), ext, ext, 3),
+    ]  # fmt: skip
+    assert generate_cells(cfg, cells) == {"prefix": 6, "icl": 6}
+    texts = {(r["doc_id"], r["fictional_code"]): r["text"] for r in rows}
+    assert {(r["doc_id"], r["fictional_code"]): r["text"] for r in read_generated(cells[0].output)} == texts
+    icl = read_generated(cells[1].output)
+    assert {r["mode"] for r in icl} == {"icl", "icl_blocking"}
+    assert all(r["status"] == "ok" and len(r["context_ids"]) == 3 for r in icl)
+    # A re-run with resume skips both written cells (their fingerprints hold).
+    assert generate_cells(cfg, cells, resume=True) == {"prefix": 0, "icl": 0}
+
 
 def test_stopped_run_resumes_from_its_checkpoint_exactly(ray_cluster, tmp_path, shared, capsys):
     """2 workers, 2 steps, stop; rerun to 4: it continues at step 3 and ends where an uninterrupted run ends.
