@@ -65,6 +65,23 @@ class AnonymizeActor:
         self.done = 0
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        """A batch of notes; with ``group`` and ``seed`` columns (many cells in one job: the experiment), each
+        group's notes are anonymised with its seed and come back with their ``group``."""
+        import dataclasses
+
+        import pyarrow.compute as pc
+
+        if "group" not in batch.column_names:
+            return self._anonymise(batch, self.settings)
+        parts = []
+        for group in sorted(set(batch.column("group").to_pylist())):
+            sub = batch.filter(pc.equal(batch.column("group"), group))
+            seed = int(sub.column("seed")[0].as_py())
+            out = self._anonymise(sub, dataclasses.replace(self.settings, seed=seed))
+            parts.append(out.append_column("group", pa.array([group] * out.num_rows, pa.string())))
+        return pa.concat_tables(parts)
+
+    def _anonymise(self, batch: pa.Table, settings: Any) -> pa.Table:
         from ctrlgen.anonymize_llm import llm_anonymize
         from ctrlgen.schema import Entity
 
@@ -74,7 +91,7 @@ class AnonymizeActor:
         ]
         t0 = time.perf_counter()
         try:
-            out = llm_anonymize(self.engine, docs, self.settings, tokenizer=self.tokenizer, count_tokens=self.count)
+            out = llm_anonymize(self.engine, docs, settings, tokenizer=self.tokenizer, count_tokens=self.count)
         except ValueError as exc:  # a bad span: the batch's rows are kept with the reason (no text)
             out = None
             reason = str(exc)
@@ -97,12 +114,16 @@ class AnonymizeActor:
 
 
 def anonymize_dataset(ds: Any, cfg: CtrlgenConfig, seed: int | None = None) -> Any:
-    """``ds`` (doc_id, text, entities) -> the anonymised rows of :data:`_SCHEMA`, through the actor pool."""
+    """``ds`` (doc_id, text, entities) -> the anonymised rows of :data:`_SCHEMA`, through the actor pool.
+
+    With ``group`` and ``seed`` columns in ``ds`` (several cells in one job), each group is anonymised with its
+    own seed and the rows keep their ``group``."""
     from ray_jobs.common import even_pool
 
     a = cfg.anonymizer
     # exact batches: a note's rewrite does not depend on how the input's blocks were cut
-    rows = ds.select_columns(["doc_id", "text", "entities"])
+    grouped = {"group", "seed"} <= set(ds.schema().names)
+    rows = ds.select_columns(["doc_id", "text", "entities", *(["group", "seed"] if grouped else [])])
     return rows.repartition(target_num_rows_per_block=a.batch_size, strict=True).map_batches(
         AnonymizeActor,
         fn_constructor_args=(cfg.model_dump_json(), a.seed if seed is None else seed),

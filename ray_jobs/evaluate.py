@@ -75,6 +75,7 @@ __all__ = [
 
 _IN = ["doc_id", "mode", "text", "context_ids", "status"]
 _REF_COLUMNS = ["doc_id", "text", "entities"]
+_ROWS_PER_FILE = 100_000  # written files gather at least this many rows (few, large files at MIMIC scale)
 
 
 def _say(msg: str) -> None:
@@ -204,15 +205,15 @@ def shard_references(
 
     def write(ds: Any, kind: str, columns: list[str]) -> None:
         ds.select_columns(columns).map_batches(_with_shard(num_shards), batch_format="pyarrow").write_parquet(
-            storage.join(path, kind), partition_cols=["shard"]
-        )
+            storage.join(path, kind), partition_cols=["shard"], min_rows_per_file=_ROWS_PER_FILE
+        )  # a write task gathers rows first: files per shard, not per read block x shard
 
     if finetune_ids is not None:
         write(finetune_ids, "finetune_ids", ["doc_id"])
     if referenced is not None:
         referenced.select_columns(["mode", "status", "context_ids"]).map_batches(
             _context_ids(num_shards), batch_format="pyarrow"
-        ).write_parquet(storage.join(path, "icl_ids"), partition_cols=["shard"])
+        ).write_parquet(storage.join(path, "icl_ids"), partition_cols=["shard"], min_rows_per_file=_ROWS_PER_FILE)
         kinds = ("icl_ids", "finetune_ids") if finetune_ids is not None else ("icl_ids",)
         icl = icl.select_columns(_REF_COLUMNS).map_batches(
             _keep_referenced(path, num_shards, kinds), batch_format="pyarrow"
@@ -343,6 +344,7 @@ def evaluate(
     from ray_jobs.common import even_pool
 
     n_in = generated.count()
+    actors = num_actors or default_actors()
     storage.remove(records_path)
     (
         generated.select_columns(_IN)
@@ -353,13 +355,15 @@ def evaluate(
             fn_constructor_kwargs={"shards": shards},
             batch_format="pyarrow",
             batch_size=batch_rows,
-            compute=even_pool(num_actors or default_actors()),
+            compute=even_pool(actors),
             num_cpus=0.5,
         )
         .map_batches(_conform, batch_format="pyarrow", batch_size=None)
-        .groupby(["doc_id", "mode"])
+        # as many hash partitions as scoring actors (Ray's default, 200, wrote 200+ small files and ran 200
+        # aggregation tasks however few the rows); files of at least _ROWS_PER_FILE records
+        .groupby(["doc_id", "mode"], num_partitions=actors)
         .map_groups(_merge(shards.n_finetune_values), batch_format="pyarrow")
-        .write_parquet(records_path)
+        .write_parquet(records_path, min_rows_per_file=_ROWS_PER_FILE)
     )
     records = ray.data.read_parquet(records_path)
     n_out = records.count()

@@ -16,8 +16,8 @@ unknown entities} x seeds, read straight down:
    ``train_per_seed``) with the training job;
    canary exposure of each adapter;
 5. **generate**, per setting and seed, ``experiment.num_documents`` outputs per
-   method from test-split notes' fictional codes (ICL contexts from the train split)
-   with the generation job;
+   method from test-split notes' fictional codes (ICL contexts from the train split),
+   every cell of the matrix in one Ray Data job (:mod:`ray_jobs.generate_cells`);
 6. **evaluate** every (setting, method, seed) cell: per-document privacy metrics over
    Ray Data (:mod:`ray_jobs.evaluate`), the linkage attack, the semantic attack (and the same attack on
    ``semantic_chance_documents`` held-out notes per seed, its chance level), downstream perplexity
@@ -41,11 +41,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ctrlgen import storage
@@ -123,12 +125,61 @@ def _split_fn(seed: int, fraction: float) -> Any:
     return fn
 
 
+def _keep_ids(ids: set[str]) -> Any:
+    keep = pa.array(sorted(ids), pa.string())
+
+    def fn(batch: pa.Table) -> pa.Table:
+        return batch.filter(pc.is_in(batch.column("doc_id").cast(pa.string()), value_set=keep))
+
+    return fn
+
+
 def _rows(path: Path, ids: set[str] | None = None) -> list[dict[str, Any]]:
+    """The notes at ``path`` (only those of ``ids``, selected in the cluster), sorted by doc_id."""
     import ray
 
     ds = ray.data.read_parquet(str(path)).select_columns(_DOC_COLUMNS)
-    rows = sorted(ds.take_all(), key=lambda r: str(r["doc_id"]))  # not the order of Ray's file names
-    return [r for r in rows if ids is None or r["doc_id"] in ids]
+    if ids is not None:
+        ds = ds.map_batches(_keep_ids(ids), batch_format="pyarrow")
+    return sorted(ds.take_all(), key=lambda r: str(r["doc_id"]))  # not the order of Ray's file names
+
+
+def _patient_column(batch: pa.Table) -> pa.Table:
+    from ctrlgen.experiment import patient_of
+
+    rows = batch.select(["doc_id", "metadata"]).to_pylist()
+    return pa.table({"doc_id": pa.array([str(r["doc_id"]) for r in rows], pa.string()),
+                     "patient": pa.array([patient_of(r) for r in rows], pa.string())})  # fmt: skip
+
+
+class _Patients(Mapping[str, str]):
+    """doc_id -> patient over the whole corpus, held as two sorted Arrow columns (binary search): a dict of a
+    MIMIC-sized corpus' ids is ~250 MB of Python strings on the driver, these ~40 MB."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        import ray
+
+        refs = [ref for p in paths for ref in ray.data.read_parquet(str(p)).select_columns(["doc_id", "metadata"])
+                .map_batches(_patient_column, batch_format="pyarrow").to_arrow_refs()]  # fmt: skip
+        tables = [t for t in ray.get(refs) if t.num_rows]
+        table = pa.concat_tables(tables).sort_by("doc_id") if tables else _patient_column(pa.table(
+            {"doc_id": pa.array([], pa.string()), "metadata": pa.array([], pa.string())}))  # fmt: skip
+        self._ids = table.column("doc_id").combine_chunks()
+        self._patients = table.column("patient").combine_chunks()
+
+    def __getitem__(self, doc_id: str) -> str:
+        import bisect
+
+        i = bisect.bisect_left(self._ids, doc_id, key=lambda s: s.as_py())  # type: ignore[arg-type]
+        if i < len(self._ids) and self._ids[i].as_py() == doc_id:
+            return str(self._patients[i].as_py())
+        raise KeyError(doc_id)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __iter__(self) -> Iterator[str]:
+        return (str(s) for s in self._ids.to_pylist())
 
 
 def _write(rows: list[dict[str, Any]], path: Path, schema: pa.Schema) -> Path:
@@ -251,7 +302,7 @@ def _judge(util: _Utility, texts: list[str]) -> Any:
 _Pending = tuple[dict[str, Any], list[Any], list[str], list[tuple[str, ...]], list[Any]]
 
 
-def _semantic(pending: list[_Pending], util: _Utility, judge: Any, patients: dict[str, str]) -> None:
+def _semantic(pending: list[_Pending], util: _Utility, judge: Any, patients: Mapping[str, str]) -> None:
     """The semantic attack (METHOD.md 8.2) of every pending cell, in one Ray Data job for the whole matrix: per
     cell one group (its outputs are the released set, the real notes they could reveal the records) and one
     chance group (the same released set, held-out notes as the records), each attacked with its cell's seed;
@@ -303,7 +354,7 @@ def _semantic(pending: list[_Pending], util: _Utility, judge: Any, patients: dic
     pending.clear()
 
 
-def _per_output(records: list[dict[str, Any]], patients: dict[str, str]) -> dict[str, dict[str, list[Any]]]:
+def _per_output(records: list[dict[str, Any]], patients: Mapping[str, str]) -> dict[str, dict[str, list[Any]]]:
     """mode -> each scored output's PIPP, PIPP >= 4 characters, entity-in-context hits and ROUGE (evaluation
     records), and its cluster (the patient of the target note it was made for), for the intervals."""
     from ctrlgen.metrics.evaluate import record_terms
@@ -320,6 +371,63 @@ def _per_output(records: list[dict[str, Any]], patients: dict[str, str]) -> dict
     return out
 
 
+def _picked(
+    cfg: CtrlgenConfig,
+    method: str,
+    setting: str,
+    seed: int,
+    splits: dict[str, dict[str, Path]],
+    picks: dict[tuple[str, int, int], tuple[list[dict[str, Any]], list[dict[str, Any]]]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The test notes an anonymiser cell releases (the setting's rows) and the same notes' known-setting rows.
+
+    They are test notes with gold PHI (a note without any has nothing to protect), the same notes in both
+    settings; the setting decides which spans the anonymiser edits. Read once per (setting, seed, count).
+    """
+    import ray
+
+    from ray_jobs.common import has_code, seeded_sample
+
+    x = cfg.experiment
+    n = x.anon_llm_documents if method == "anon_llm" and x.anon_llm_documents else x.num_documents
+    if (setting, seed, n) not in picks:
+        known = ray.data.read_parquet(str(splits["known"]["test"])).select_columns(_DOC_COLUMNS)
+        ids = {str(r["doc_id"]) for r in seeded_sample(known.map_batches(has_code, batch_format="pyarrow"), n,
+                                                       seed, "anonymise", ["doc_id"])}  # fmt: skip
+        chosen = _rows(splits[setting]["test"], ids)  # sorted by doc_id
+        picks[(setting, seed, n)] = (chosen, chosen if setting == "known" else _rows(splits["known"]["test"], ids))
+    return picks[(setting, seed, n)]
+
+
+def _llm_rewrites(
+    cfg: CtrlgenConfig,
+    settings: list[str],
+    splits: dict[str, dict[str, Path]],
+    picks: dict[tuple[str, int, int], tuple[list[dict[str, Any]], list[dict[str, Any]]]],
+    schema: pa.Schema,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The LLM anonymiser's rows of every (setting, seed) cell, by ``setting/seed`` then doc_id: one Ray Data job
+    (each cell's notes anonymised with its seed; a note's rewrite is seeded by its seed and id, not its batch)."""
+    import ray
+
+    from ray_jobs.anonymize import anonymize_dataset
+
+    if "anon_llm" not in cfg.experiment.methods:
+        return {}
+    items = [{"doc_id": r["doc_id"], "text": r["text"], "entities": r["entities"], "group": f"{setting}/{seed}",
+              "seed": seed}
+             for seed in cfg.experiment.seeds for setting in settings
+             for r in _picked(cfg, "anon_llm", setting, seed, splits, picks)[0]]  # fmt: skip
+    fields = [schema.field("doc_id"), schema.field("text"), schema.field("entities"),
+              pa.field("group", pa.string()), pa.field("seed", pa.int64())]  # fmt: skip
+    _log(f"LLM anonymiser: {len(items)} notes of {len(settings) * len(cfg.experiment.seeds)} cells (one Ray Data job)")
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    table = pa.Table.from_pylist(items, schema=pa.schema(fields))
+    for r in anonymize_dataset(ray.data.from_arrow(table), cfg).take_all():
+        out.setdefault(str(r["group"]), {})[str(r["doc_id"])] = r
+    return out
+
+
 def _anonymised_cell(
     cfg: CtrlgenConfig,
     method: str,
@@ -328,44 +436,31 @@ def _anonymised_cell(
     splits: dict[str, dict[str, Path]],
     util: _Utility,
     pending: list[_Pending],
-    patients: dict[str, str],
+    patients: Mapping[str, str],
     heldout: list[Any],
     picks: dict[tuple[str, int, int], tuple[list[dict[str, Any]], list[dict[str, Any]]]],
+    llm_rewrites: dict[str, dict[str, dict[str, Any]]],
 ) -> dict[str, Any]:
     """One (setting, anonymiser, seed) cell: ``num_documents`` seeded test notes with gold PHI, released anonymised.
 
     The spans edited are the setting's (gold when known, the extractor's when unknown); leakage,
     ROUGE and the linkage attack are measured against each note's own gold values and text. ``picks``: the
-    notes chosen per (setting, seed, count), read once for the anonymisers of a setting and seed.
+    notes chosen per (setting, seed, count) (:func:`_picked`); ``llm_rewrites``: the LLM anonymiser's rows per
+    ``setting/seed``, made for every cell of the matrix in one job (:func:`_llm_rewrites`).
     """
-    import ray
-
     from ctrlgen.anonymize import anonymize
     from ctrlgen.fictional import FictionalCodes
     from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate
     from ctrlgen.metrics.linkage import RealRecord, linkage_attack
     from ctrlgen.schema import Entity
-    from ray_jobs.common import has_code, seeded_sample
 
-    x = cfg.experiment
-    # The notes released are test notes with gold PHI (a note without any has nothing to protect), the same
-    # notes in both settings; the setting decides which spans the anonymiser edits.
-    n = x.anon_llm_documents if method == "anon_llm" and x.anon_llm_documents else x.num_documents
-    if (setting, seed, n) not in picks:
-        known = ray.data.read_parquet(str(splits["known"]["test"])).select_columns(_DOC_COLUMNS)
-        ids = {str(r["doc_id"]) for r in seeded_sample(known.map_batches(has_code, batch_format="pyarrow"), n,
-                                                       seed, "anonymise", ["doc_id"])}  # fmt: skip
-        chosen = _rows(splits[setting]["test"], ids)  # sorted by doc_id
-        picks[(setting, seed, n)] = (chosen, chosen if setting == "known" else _rows(splits["known"]["test"], ids))
-    picked, known_rows = picks[(setting, seed, n)]
+    picked, known_rows = _picked(cfg, method, setting, seed, splits, picks)
     gold = {str(r["doc_id"]): RealDoc.from_row(r) for r in known_rows}
     # Surrogates avoid the real values of the notes released (as fictional codes avoid the corpus').
     gen = FictionalCodes(seed=seed, exclude={v for d in gold.values() for v in d.values})
     extra: dict[str, Any] = {}
-    if method == "anon_llm":  # the Ray Data job of ctrlgen anonymize over the cell's notes
-        from ray_jobs.anonymize import anonymize_dataset
-
-        rewritten = {str(r["doc_id"]): r for r in anonymize_dataset(ray.data.from_items(picked), cfg, seed).take_all()}
+    if method == "anon_llm":  # the Ray Data job of ctrlgen anonymize (every cell's notes in one job)
+        rewritten = llm_rewrites[f"{setting}/{seed}"]
         done = [rewritten[str(r["doc_id"])] for r in picked]
         extra = {"anon_rounds": sum(r["rounds"] for r in done) / len(done) if done else None,
                  "anon_private": sum(r["status"] == "private" for r in done),
@@ -399,7 +494,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     import ray
     import torch
 
-    from ctrlgen.experiment import METHOD_LABELS, patient_of, plot, summarize, table
+    from ctrlgen.experiment import METHOD_LABELS, plot, summarize, table
     from ctrlgen.experiment_report import run_page
     from ctrlgen.generation.report import read_generated
     from ctrlgen.metrics.canary import insert_canaries, make_canaries
@@ -438,11 +533,11 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
         splits[setting] = {s: dest / f"split={s}" for s in ("train", "test")}
         n = {s: ray.data.read_parquet(str(p)).count() for s, p in splits[setting].items()}
         _log(f"{setting}: {n['train']} train / {n['test']} test notes (split by patient)")
-    known_train = _rows(splits["known"]["train"])
+    # No corpus-sized state on the driver: the train split stays a dataset; notes are fetched by id when needed.
+    train_ds = ray.data.read_parquet(str(splits["known"]["train"])).select_columns(_DOC_COLUMNS)
     # doc_id -> patient: the clusters of the intervals (outputs and attacked notes of one patient are not independent)
-    patients = {str(r["doc_id"]): patient_of(r) for r in (*known_train, *_rows(splits["known"]["test"]))}
+    patients = _Patients([splits["known"]["train"], splits["known"]["test"]])
     schema = pq.read_schema(next(splits["known"]["train"].rglob("*.parquet")))
-    real_icl = {r["doc_id"]: RealDoc.from_row(r) for r in known_train}
     test_ds = ray.data.read_parquet(str(splits["known"]["test"])).select_columns(_DOC_COLUMNS)
     test_rows = seeded_sample(test_ds, x.test_documents, x.split_seed, "utility", ["doc_id", "text", "control_code"])
     test_texts = [r["text"] for r in test_rows]
@@ -458,7 +553,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
         elig = ray.data.read_parquet(str(splits["known"]["train"])).select_columns(_DOC_COLUMNS)
         ft_ids = {r["doc_id"] for r in seeded_sample(elig.map_batches(has_code, batch_format="pyarrow"),
                                                      x.finetune_documents, x.split_seed, "finetune", ["doc_id"])}  # fmt: skip
-        planted_known = insert_canaries([r for r in known_train if r["doc_id"] in ft_ids], canaries, x.split_seed,
+        planted_known = insert_canaries(_rows(splits["known"]["train"], ft_ids), canaries, x.split_seed,
                                         x.canary_in_code)  # fmt: skip
         real_ft = {r["doc_id"]: RealDoc.from_row(r) for r in planted_known}
         planted["known"] = planted_known
@@ -498,9 +593,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                     exposures[(setting, method, seed)] = _exposures(cfg, str(run_dir / "adapter"), canaries,
                                                                     planted[setting])  # fmt: skip
     base_exposure = _exposures(cfg, None, canaries, planted["known"]) if canaries else []
-    # The local path's evaluators (built once); the Ray path shards the same references once.
-    evaluators = {False: Evaluator(real_icl), True: Evaluator(real_ft, sorted(real_ft))}
-    n_ft_values = len(evaluators[True].ft_values)
+    n_ft_values = len(Evaluator(real_ft, sorted(real_ft)).ft_values)
     shards = None
     if x.distributed_eval:
         shards = shard_references(
@@ -541,6 +634,12 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     _log(f"generating {len(gen_cells)} cells (every setting and seed; one Ray Data job)")
     # the matrix scores with its own Evaluator; a re-run skips the cells already written
     generate_cells(cfg, gen_cells, resume=x.resume)
+    # The real notes the ICL outputs were made from (their contexts: a few pools' worth), by id; the local path's
+    # evaluators (built once); the Ray path shards the references once (above).
+    icl_ids = {c for cell in gen_cells if cell.adapter is None for r in read_generated(cell.output)
+               for c in r["context_ids"]}  # fmt: skip
+    real_icl = {str(r["doc_id"]): RealDoc.from_row(r) for r in _rows(splits["known"]["train"], icl_ids)}
+    evaluators = {False: Evaluator(real_icl), True: Evaluator(real_ft, sorted(real_ft))}
 
     # 6. Evaluation per (setting, seed).
     util = _Utility(cfg, test_texts, test_labels)
@@ -550,10 +649,10 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     baseline_cells: dict[int, dict[str, Any]] = {}
     picks: dict[tuple[str, int, int], Any] = {}  # the anonymisers' notes per (setting, seed, count)
     copies: list[tuple[int, int, str]] = []  # (index in cells, seed, setting): the baseline under another setting
+    llm_rewrites = _llm_rewrites(cfg, settings, splits, picks, schema)
     for seed in x.seeds:
         train_seed = seed if x.train_per_seed else x.seeds[0]
-        real_rows = seeded_sample(ray.data.from_items(known_train), x.num_documents, seed, "real",
-                                  ["doc_id", "text", "control_code"])  # fmt: skip
+        real_rows = seeded_sample(train_ds, x.num_documents, seed, "real", ["doc_id", "text", "control_code"])
         real_sample = [r["text"] for r in real_rows]
         # Held-out real notes for the semantic attack's chance level, of patients a released set was not made from:
         # test-split notes (minus a cell's targets) for generated sets, train-split notes for anonymised test notes.
@@ -562,7 +661,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
             test_ds.map_batches(has_code, batch_format="pyarrow"), n_chance + x.num_documents, seed, "chance",
             ["doc_id", "text"])] if n_chance else []  # fmt: skip
         chance_train = [Record(str(r["doc_id"]), r["text"]) for r in seeded_sample(
-            ray.data.from_items(known_train).map_batches(has_code, batch_format="pyarrow"), n_chance, seed, "chance",
+            train_ds.map_batches(has_code, batch_format="pyarrow"), n_chance, seed, "chance",
             ["doc_id", "text"])] if n_chance else []  # fmt: skip
         cells.append({"setting": "reference", "method": "real", "seed": seed,
                       "perplexity": util.perplexity(real_sample, seed), "mauve": util.mauve(real_sample, seed),
@@ -618,7 +717,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                     cells.append(cell)
             for method in (m for m in x.methods if m in _ANON):  # the real test notes, anonymised
                 cell = _anonymised_cell(cfg, method, setting, seed, splits, util, pending, patients, chance_train,
-                                        picks)  # fmt: skip
+                                        picks, llm_rewrites)  # fmt: skip
                 _log(f"{setting} / {method} / seed {seed}: PIPP {cell['pipp']:.3f}, ROUGE-L {cell['rougeL']:.3f}, "
                      f"perplexity {cell['perplexity']}, MAUVE {cell['mauve']}")  # fmt: skip
                 cells.append(cell)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-__all__ = ["KS", "context_windows", "leaks_by_k", "merge_windows", "words"]
+__all__ = ["KS", "WindowSets", "context_windows", "leaks_by_k", "merge_windows", "words"]
 
 KS: tuple[int, ...] = (1, 2, 3, 4)
 _WORD = re.compile(r"\w+")
@@ -53,18 +53,35 @@ def context_windows(
     return out
 
 
-def merge_windows(parts: Iterable[Mapping[int, set[tuple[str, ...]]]]) -> dict[int, set[tuple[str, ...]]]:
+class WindowSets(dict[int, set[tuple[str, ...]]]):
+    """k -> windows, with the word lengths of each k's windows kept (:func:`merge_windows` builds it once): a
+    text is then probed with its own n-grams of those lengths, hashed into the sets, instead of walking every
+    window (a fine-tuning set's windows run to tens of millions at MIMIC scale). Not to be mutated after."""
+
+    def __init__(self, windows: Mapping[int, set[tuple[str, ...]]]) -> None:
+        super().__init__(windows)
+        self.lengths = _lengths(self)
+
+
+def _lengths(windows: Mapping[int, set[tuple[str, ...]]]) -> dict[int, list[int]]:
+    return {k: sorted({len(w) for w in ws}) for k, ws in windows.items()}
+
+
+def merge_windows(parts: Iterable[Mapping[int, set[tuple[str, ...]]]]) -> WindowSets:
     """The union of several documents' windows, per k."""
     out: dict[int, set[tuple[str, ...]]] = {}
     for p in parts:
         for k, ws in p.items():
             out.setdefault(k, set()).update(ws)
-    return out
+    return WindowSets(out)
 
 
 def leaks_by_k(text: str, windows: Mapping[int, set[tuple[str, ...]]]) -> dict[int, bool]:
-    """k -> whether ``text`` contains any level-k window."""
+    """k -> whether ``text`` contains any level-k window (each n-gram of the text looked up in the sets: the
+    cost follows the text's length, not the number of windows, once their lengths are known)."""
     toks = [t for t, _, _ in words(text)]
-    lengths = {len(w) for ws in windows.values() for w in ws}
-    grams = {n: {tuple(toks[i : i + n]) for i in range(len(toks) - n + 1)} for n in lengths}
-    return {k: any(w in grams[len(w)] for w in ws) for k, ws in windows.items()}
+    lengths = windows.lengths if isinstance(windows, WindowSets) else _lengths(windows)
+    return {
+        k: any(tuple(toks[i : i + n]) in ws for n in lengths.get(k, ()) for i in range(len(toks) - n + 1))
+        for k, ws in windows.items()
+    }

@@ -369,3 +369,25 @@ def test_utility_autocast_fine_tunes_in_bf16_on_the_current_weights_and_keeps_fp
     assert f32[-1] < f32[0] - 1.0  # the fine-tuning learns
     assert b16 != f32 and all(abs(a - b) < 0.1 * a for a, b in zip(f32, b16, strict=True))
     assert abs(ppl["bfloat16"] / ppl[None] - 1) < 0.1
+
+
+def test_leaks_by_k_probes_the_text_and_agrees_with_walking_every_window():
+    """leaks_by_k looks the text's n-grams up in the window sets (cost of the text, not of a fine-tuning set's
+    millions of windows); on random texts and windows it says what the definition says: some window of level k
+    is a contiguous word sequence of the text."""
+    import random
+
+    from ctrlgen.metrics.context import WindowSets, leaks_by_k, merge_windows, words
+
+    rng = random.Random(3)
+    vocab = [f"w{i}" for i in range(12)]
+    for _ in range(200):
+        parts = [{k: {tuple(rng.choices(vocab, k=k + rng.randint(1, 3))) for _ in range(rng.randint(0, 4))}
+                  for k in (1, 2, 3, 4)} for _ in range(3)]  # fmt: skip
+        windows = merge_windows(parts)
+        assert isinstance(windows, WindowSets)
+        text = " ".join(rng.choices(vocab, k=rng.randint(0, 30)))
+        toks = [t for t, _, _ in words(text)]
+        grams = {tuple(toks[i : i + n]) for n in range(1, 8) for i in range(len(toks) - n + 1)}
+        want = {k: any(w in grams for w in ws) for k, ws in windows.items()}
+        assert leaks_by_k(text, windows) == want == leaks_by_k(text, dict(windows))
