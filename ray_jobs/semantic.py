@@ -179,6 +179,7 @@ def attack_groups(
     ``s.seed``), so that groups of several seeds (the experiment's cells) go through one pass and score as
     they would alone."""
     import functools
+    import math
 
     import ray
 
@@ -210,6 +211,9 @@ def attack_groups(
     out = {}
     for g in released:
         n, att, linkable, correct, lex, sem = totals.get(g, [0, 0, 0, 0, 0.0, 0.0])
+        if keep_scores and att:  # exactly rounded sums of the records' scores: the same whatever the blocks' order
+            lex = math.fsum(r["lexical_privacy"] for r in kept.get(g, []))
+            sem = math.fsum(r["semantic_privacy"] for r in kept.get(g, []))
         out[g] = SemanticResult(
             attacked=int(att),
             linkable=int(linkable),
