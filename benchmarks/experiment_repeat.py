@@ -62,6 +62,10 @@ def compare(a: Path, b: Path) -> bool:
     keys = sorted(set(fa) | set(fb))
     diff = [k for k in keys if not _same(fa.get(k), fb.get(k))]
     print(f"results.json: {len(keys)} values, {len(keys) - len(diff)} equal, {len(diff)} differ")
+    nums = [(fa[k], fb[k]) for k in diff if isinstance(fa.get(k), float) and isinstance(fb.get(k), float)]
+    if nums:  # floating-point rounding (sums in another order) or a real difference
+        rel = max(abs(x - y) / max(abs(x), abs(y), 1e-300) for x, y in nums)
+        print(f"  {len(nums)} of them numbers, largest relative difference {rel:.1e}")
     for k in diff[:20]:
         print(f"  {k}: {fa.get(k)!r} vs {fb.get(k)!r}")
     ta, tb = _texts(a), _texts(b)
