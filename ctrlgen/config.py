@@ -906,6 +906,13 @@ class EvaluationConfig(_Model):
         8, ge=1, description="Reference shards (by a hash of doc_id): a scoring actor holds at most two at a time."
     )
     num_actors: int | None = Field(None, ge=1, description="Scoring actors; default one per CPU of the cluster.")
+    rouge_finetune_sample: int | None = Field(
+        2000,
+        ge=1,
+        description="Fine-tuning outputs' ROUGE is the maximum over the whole fine-tuning set up to this many "
+        "documents, beyond that over a seeded sample of this expected size (a fixed hash of doc_id; values and "
+        "entity windows are always tested against the whole set). None: always the whole set.",
+    )
 
 
 class ExportConfig(_Model):

@@ -58,6 +58,7 @@ from ctrlgen.metrics.evaluate import (
     merge_partials,
     metrics_from_sums,
     record_terms,
+    rouge_sample_rate,
     shard_of,
 )
 
@@ -89,6 +90,7 @@ class ReferenceShards:
     path: str
     num_shards: int
     n_finetune_values: int  # distinct normalised values of the fine-tuning references
+    rouge_rate: float = 1.0  # the share of fine-tuning references a fine-tuning output's ROUGE is taken over
 
     def shard_dir(self, kind: str, k: int) -> str:
         return storage.join(self.path, kind, f"shard={k}")
@@ -110,12 +112,12 @@ def _read_shard(d: str, columns: list[str]) -> pa.Table | None:
 def _finetune_shards(path: str, from_ids: bool) -> Any:
     """map_batches over shard numbers: (with ``from_ids``) write each shard's fine-tuning
     references, its ICL references whose doc_id is a fine-tuning id; emit the shard's normalised
-    fine-tuning values and how many ids found no reference."""
+    fine-tuning values, how many ids found no reference and how many fine-tuning documents it holds."""
     from ctrlgen.metrics.leakage import normalize_value
 
     def fn(batch: pa.Table) -> pa.Table:
         values: set[str] = set()
-        missing = 0
+        missing = docs = 0
         for k in batch.column("shard").to_pylist():
             ft_dir = storage.join(path, "finetune", f"shard={k}")
             if from_ids:
@@ -131,11 +133,13 @@ def _finetune_shards(path: str, from_ids: bool) -> Any:
                     storage.write_parquet(refs, storage.join(ft_dir, "part-0.parquet"))
             else:
                 refs = _read_shard(ft_dir, _REF_COLUMNS)
+            docs += len(pc.unique(refs.column("doc_id"))) if refs is not None else 0
             for row in refs.to_pylist() if refs is not None else []:
                 values.update(normalize_value(v) for v in RealDoc.from_row(row).values if v.strip())
         vals = sorted(values)
         return pa.table({"value": pa.array([*vals, None], pa.string()),
-                         "missing": pa.array([0] * len(vals) + [missing], pa.int64())})  # fmt: skip
+                         "missing": pa.array([0] * len(vals) + [missing], pa.int64()),
+                         "docs": pa.array([0] * len(vals) + [docs], pa.int64())})  # fmt: skip
 
     return fn
 
@@ -187,6 +191,7 @@ def shard_references(
     finetune: Any | None = None,
     finetune_ids: Any | None = None,
     referenced: Any | None = None,
+    rouge_sample: int | None = None,
 ) -> ReferenceShards:
     """Write the references (extraction rows: doc_id, text, entities) as ``num_shards`` shards under ``path``.
 
@@ -195,7 +200,9 @@ def shard_references(
     ``finetune_ids`` (a dataset with a ``doc_id`` column: the adapter's training examples),
     selected shard by shard. With ``referenced`` (the generated rows to score), only the ICL
     references those rows name as contexts (and the ``finetune_ids``) are written: the rest of the
-    corpus is read once and dropped. Raises when fine-tuning ids have no reference.
+    corpus is read once and dropped. ``rouge_sample``: fine-tuning outputs' ROUGE over a seeded sample of
+    about this many fine-tuning references when there are more (:func:`~ctrlgen.metrics.evaluate.rouge_sample_rate`).
+    Raises when fine-tuning ids have no reference.
     """
     import ray
     from ray.data.aggregate import CountDistinct, Sum
@@ -226,11 +233,12 @@ def shard_references(
     got = (
         ray.data.from_items([{"shard": k} for k in range(num_shards)])
         .map_batches(_finetune_shards(path, finetune is None), batch_format="pyarrow", batch_size=1)
-        .aggregate(CountDistinct("value"), Sum("missing"))
+        .aggregate(CountDistinct("value"), Sum("missing"), Sum("docs"))
     )
     if int(got["sum(missing)"] or 0):
         raise CtrlgenError(f"{got['sum(missing)']} fine-tuning document(s) have no reference in the references given")
-    return ReferenceShards(path, num_shards, int(got["count_distinct(value)"] or 0))
+    rate = rouge_sample_rate(rouge_sample, int(got["sum(docs)"] or 0))
+    return ReferenceShards(path, num_shards, int(got["count_distinct(value)"] or 0), rate)
 
 
 def _fan_out(n: int) -> Any:
@@ -277,7 +285,7 @@ class ShardScorer:
     def evaluator(self, k: int) -> ShardEvaluator:
         ev = self._loaded.pop(k, None)
         if ev is None:
-            ev = ShardEvaluator(self._docs("icl", k), self._docs("finetune", k))
+            ev = ShardEvaluator(self._docs("icl", k), self._docs("finetune", k), self.shards.rouge_rate)
             while len(self._loaded) >= self.KEEP:
                 self._loaded.pop(next(iter(self._loaded)))
         self._loaded[k] = ev
@@ -440,7 +448,10 @@ def run(cfg: CtrlgenConfig) -> EvaluateSummary:
         ids = ray.data.read_parquet(files).select_columns(["doc_id"])
     _say(f"sharding the references of {refs} that the outputs name into {e.num_shards} shards")
     shards = shard_references(references, storage.join(out, "references"), e.num_shards, finetune_ids=ids,
-                              referenced=generated)  # fmt: skip
+                              referenced=generated, rouge_sample=e.rouge_finetune_sample)  # fmt: skip
+    if shards.rouge_rate < 1.0:
+        _say(f"fine-tuning outputs' ROUGE over a seeded sample of the fine-tuning references (rate "
+             f"{shards.rouge_rate:.4f}, about {e.rouge_finetune_sample} documents)")
     actors = e.num_actors or default_actors()
     _say(f"scoring {gen} with {actors} actors")
     metrics = evaluate(generated, shards, storage.join(out, "records"), actors)

@@ -501,7 +501,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     from ctrlgen.experiment_report import run_page
     from ctrlgen.generation.report import read_generated
     from ctrlgen.metrics.canary import insert_canaries, make_canaries
-    from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate
+    from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate, rouge_sample_rate
     from ctrlgen.metrics.linkage import RealRecord, linkage_attack
     from ctrlgen.metrics.semantic import Record
     from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample
@@ -603,6 +603,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
             ray.data.read_parquet(str(splits["known"]["train"])).select_columns(_DOC_COLUMNS),
             str(out / "eval_references"), x.eval_shards,
             finetune=ray.data.from_items(list(planted_known)) if prefix_methods else None,
+            rouge_sample=cfg.evaluation.rouge_finetune_sample,
         )  # fmt: skip
         if shards.n_finetune_values != n_ft_values:
             raise CtrlgenError(
@@ -642,7 +643,8 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     icl_ids = {c for cell in gen_cells if cell.adapter is None for r in read_generated(cell.output)
                for c in r["context_ids"]}  # fmt: skip
     real_icl = {str(r["doc_id"]): RealDoc.from_row(r) for r in _rows(splits["known"]["train"], icl_ids)}
-    evaluators = {False: Evaluator(real_icl), True: Evaluator(real_ft, sorted(real_ft))}
+    rouge_rate = rouge_sample_rate(cfg.evaluation.rouge_finetune_sample, len(real_ft))
+    evaluators = {False: Evaluator(real_icl), True: Evaluator(real_ft, sorted(real_ft), rouge_rate)}
 
     # 6. Evaluation per (setting, seed).
     util = _Utility(cfg, test_texts, test_labels)

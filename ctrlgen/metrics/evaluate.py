@@ -10,7 +10,10 @@ setting the prompts and blocking use Presidio's entities, but leakage is measure
 against the gold annotation. Per generated row:
 
 * ICL modes: against its own context documents (``context_ids``);
-* fine-tuning modes (``prefix``): against the whole fine-tuning set.
+* fine-tuning modes (``prefix``): against the whole fine-tuning set (values, entity windows); ROUGE
+  against all of it up to ``rouge_sample`` documents, beyond that against a seeded sample of that
+  expected size (:func:`rouge_sample_rate`, :func:`in_rouge_sample`: a fixed hash of doc_id, so every
+  shard and every run picks the same documents).
 
 Columns of a record (:data:`RECORD_SCHEMA`): ``leaked`` (normalised values found),
 ``n_values`` (distinct reference values), ``rouge2`` / ``rougeL`` (maximum F1 over
@@ -20,6 +23,7 @@ the references, :class:`~ctrlgen.metrics.rouge.RougeIndex`), ``ctx_1``..``ctx_4`
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,9 +47,11 @@ __all__ = [
     "RealDoc",
     "ShardEvaluator",
     "aggregate",
+    "in_rouge_sample",
     "merge_partials",
     "metrics_from_sums",
     "record_terms",
+    "rouge_sample_rate",
     "shard_of",
 ]
 
@@ -109,10 +115,36 @@ class RealDoc:
         return RealDoc(str(row["doc_id"]), row["text"], vals, tuple((int(e["start"]), int(e["end"])) for e in ents))
 
 
-class Evaluator:
-    """Holds the references (indexed once) and scores generated rows one at a time."""
+def rouge_sample_rate(sample: int | None, n_docs: int) -> float:
+    """The share of the fine-tuning documents a fine-tuning output's ROUGE maximum is taken over: all of them
+    when there are at most ``sample`` (or ``sample`` is None), else ``sample / n_docs``.
 
-    def __init__(self, real: Mapping[str, RealDoc], finetune_ids: Sequence[str] = ()) -> None:
+    >>> rouge_sample_rate(2000, 64), rouge_sample_rate(2000, 200_000)
+    (1.0, 0.01)
+    """
+    return 1.0 if sample is None or n_docs <= sample else sample / n_docs
+
+
+def in_rouge_sample(doc_id: str, rate: float) -> bool:
+    """Whether a fine-tuning document is in the ROUGE sample of this ``rate``: a 64-bit hash of its id below
+    ``rate * 2**64`` (independent of the shard, the order and the run; nested: a smaller rate's sample is
+    inside a larger one's)."""
+    if rate >= 1.0:
+        return True
+    h = int.from_bytes(hashlib.blake2b(f"rouge-sample:{doc_id}".encode(), digest_size=8).digest(), "big")
+    return h < rate * 2.0**64
+
+
+class Evaluator:
+    """Holds the references (indexed once) and scores generated rows one at a time.
+
+    ``rouge_rate``: fine-tuning outputs' ROUGE is the maximum over the fine-tuning documents
+    :func:`in_rouge_sample` keeps at this rate (1.0: all of them); leaked values and entity windows
+    are always tested against the whole fine-tuning set.
+    """
+
+    def __init__(self, real: Mapping[str, RealDoc], finetune_ids: Sequence[str] = (), rouge_rate: float = 1.0) -> None:
+        self.rouge_rate = rouge_rate
         self.real = dict(real)
         missing = [d for d in finetune_ids if d not in self.real]
         if missing:
@@ -134,7 +166,7 @@ class Evaluator:
         if self._ft_index is None or self._ft_windows is None:
             if not self.ft_docs:
                 raise CtrlgenError("a fine-tuning mode is evaluated but no fine-tuning documents were given")
-            self._ft_index = RougeIndex([d.text for d in self.ft_docs])
+            self._ft_index = RougeIndex([d.text for d in self.ft_docs if in_rouge_sample(d.doc_id, self.rouge_rate)])
             self._ft_windows = merge_windows(self._doc_windows(d) for d in self.ft_docs)
         return self._ft_index, self._ft_windows
 
@@ -209,9 +241,9 @@ class ShardEvaluator:
     is tested on its own), ROUGE maxima a maximum, entity-in-context hits an "any".
     """
 
-    def __init__(self, real: Mapping[str, RealDoc], finetune: Mapping[str, RealDoc]) -> None:
+    def __init__(self, real: Mapping[str, RealDoc], finetune: Mapping[str, RealDoc], rouge_rate: float = 1.0) -> None:
         self.icl = Evaluator(real)
-        self.ft = Evaluator(finetune, sorted(finetune))
+        self.ft = Evaluator(finetune, sorted(finetune), rouge_rate)
 
     def partial(self, row: Mapping[str, Any]) -> dict[str, Any]:
         ev = self.ft if row["mode"] in FINETUNE_MODES else self.icl

@@ -165,6 +165,21 @@ def test_sharded_ray_evaluation_equals_the_local_loop(ray_cluster, tmp_path):
                                referenced=ray.data.from_items(rows))  # fmt: skip
     kept = {r["doc_id"] for r in ray.data.read_parquet(str(tmp_path / "refs5" / "icl")).take_all()}
     assert kept == {c for ctx in ctxs for c in ctx} | {"d1"} and semi_ft.n_finetune_values == 2
+
+    # Fine-tuning outputs' ROUGE over a seeded sample once the set exceeds ``rouge_sample`` (the rate from the
+    # distinct fine-tuning documents of all shards): the local Evaluator at that rate gives the same figures.
+    ids9 = ray.data.from_items([{"doc_id": f"d{i}"} for i in range(9)] * 2)
+    sampled = shard_references(ray.data.from_items(refs), str(tmp_path / "refs6"), num_shards, finetune_ids=ids9,
+                               rouge_sample=3)  # fmt: skip
+    assert sampled.rouge_rate == pytest.approx(3 / 9)
+    ft9 = Evaluator(real, [f"d{i}" for i in range(9)], sampled.rouge_rate)
+    copies = [{"doc_id": f"p{i}", "mode": "prefix", "text": refs[3 + i]["text"], "context_ids": [], "status": "ok"}
+              for i in range(9)]  # fmt: skip
+    local = aggregate(ft9.table(copies).to_pylist(), len(ft9.ft_values))
+    got = evaluate(ray.data.from_items(copies), sampled, str(tmp_path / "records6"), num_actors=2)
+    assert got["prefix"] == pytest.approx(local["prefix"])
+    assert 0 < got["prefix"]["rougeL"] < 1  # only the sampled notes' copies score 1
+    assert got["prefix"]["pipp"] == pytest.approx(1.0)  # every copied value is found in the whole set
     with pytest.raises(Exception, match="1 fine-tuning document"):
         shard_references(ray.data.from_items(refs), str(tmp_path / "refs3"), num_shards,
                          finetune_ids=ray.data.from_items([{"doc_id": d} for d in ("b", "zz")]))  # fmt: skip

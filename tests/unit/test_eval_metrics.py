@@ -391,3 +391,56 @@ def test_leaks_by_k_probes_the_text_and_agrees_with_walking_every_window():
         grams = {tuple(toks[i : i + n]) for n in range(1, 8) for i in range(len(toks) - n + 1)}
         want = {k: any(w in grams for w in ws) for k, ws in windows.items()}
         assert leaks_by_k(text, windows) == want == leaks_by_k(text, dict(windows))
+
+
+def test_finetune_rouge_over_a_seeded_sample_of_the_finetune_set() -> None:
+    """Past ``rouge_finetune_sample`` documents, a fine-tuning output's ROUGE is the maximum over the documents
+    a fixed hash of doc_id keeps (about the sample's size, the same in every shard, nested across rates), while
+    its leaked values and entity windows are still tested against the whole set; sharded = local."""
+    import random
+
+    from ctrlgen.metrics.evaluate import (
+        ShardEvaluator,
+        in_rouge_sample,
+        merge_partials,
+        rouge_sample_rate,
+        shard_of,
+    )
+    from ctrlgen.metrics.rouge import RougeIndex
+
+    ids = [f"note-{i}" for i in range(20_000)]
+    for rate in (0.01, 0.1, 0.5):
+        n = sum(in_rouge_sample(d, rate) for d in ids)
+        assert abs(n - rate * len(ids)) < 5 * (rate * len(ids)) ** 0.5 + 1
+    small, large = ({d for d in ids if in_rouge_sample(d, r)} for r in (0.05, 0.2))
+    assert small < large
+    assert rouge_sample_rate(None, 10**6) == 1.0 and rouge_sample_rate(100, 100) == 1.0
+    assert rouge_sample_rate(100, 400) == 0.25
+
+    rng = random.Random(3)
+    words = ["ward", "seen", "today", "pain", "stable", "home", "called", "nurse", "bed", "rest"]
+    real = {}
+    for i in range(60):
+        text = " ".join(rng.choice(words) for _ in range(12)) + f" Dr Name{i} visited."
+        start = text.index(f"Name{i}")
+        real[f"d{i}"] = RealDoc(f"d{i}", text, (f"Name{i}",), ((start, start + len(f"Name{i}")),))
+    rate = rouge_sample_rate(20, len(real))
+    kept = [d for d in sorted(real) if in_rouge_sample(d, rate)]
+    assert 0 < len(kept) < len(real)
+    dropped = next(d for d in sorted(real) if d not in kept)
+    ev = Evaluator(real, sorted(real), rate)
+    copy = _row("t", "prefix", real[dropped].text, [])
+    rec = ev.document(copy)
+    # the copied note is outside the ROUGE sample: ROUGE is the best over the sample, below 1
+    want = RougeIndex([real[d].text for d in kept]).brute_force(real[dropped].text)
+    assert (rec["rouge2"], rec["rougeL"]) == pytest.approx(want) and rec["rougeL"] < 1.0
+    # its value and its entity windows are found in the whole set all the same
+    assert rec["leaked"] == [f"name{dropped[1:]}"] and rec["ctx_1"] is True
+    assert Evaluator(real, sorted(real)).document(copy)["rougeL"] == pytest.approx(1.0)
+    shards = [ShardEvaluator({}, {d: r for d, r in real.items() if shard_of(d, 3) == k}, rate) for k in range(3)]
+    for row in (copy, _row("u", "prefix", real[kept[0]].text[:40], [])):
+        merged = merge_partials([s.partial(row) for s in shards], len(ev.ft_values))
+        local = ev.document(row)
+        assert {k: v for k, v in merged.items() if k != "exact_calls"} == {
+            k: v for k, v in local.items() if k != "exact_calls"
+        }
