@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from ctrlgen.errors import CtrlgenError
 from ctrlgen.generation.report import FINETUNE_MODES
-from ctrlgen.metrics.context import KS, context_windows, leaks_by_k, merge_windows
+from ctrlgen.metrics.context import KS, WindowSets, context_windows, leaks_by_k, merge_windows
 from ctrlgen.metrics.leakage import ValueIndex, normalize_value
 from ctrlgen.metrics.rouge import RougeIndex
 from ctrlgen.variants import Value
@@ -93,7 +93,7 @@ PARTIAL_SCHEMA = pa.schema(
 
 #: A reference set: its ROUGE index, entity windows and normalised private values.
 #: The index finds the values' variants (their categories ride on the :class:`~ctrlgen.variants.Value` strings).
-_Refs = tuple[RougeIndex, dict[int, set[tuple[str, ...]]], list[str], ValueIndex]
+_Refs = tuple[RougeIndex, WindowSets, list[str], ValueIndex]
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ class Evaluator:
         self.ft_docs = [self.real[d] for d in sorted(set(finetune_ids))]
         self.ft_values = sorted({normalize_value(v) for d in self.ft_docs for v in d.values if v.strip()})
         self._ft_index: RougeIndex | None = None
-        self._ft_windows: dict[int, set[tuple[str, ...]]] | None = None
+        self._ft_windows: WindowSets | None = None
         self._ft_values = ValueIndex([v for d in self.ft_docs for v in d.values if v.strip()])
         self._windows: dict[str, dict[int, set[tuple[str, ...]]]] = {}
         self._contexts: dict[tuple[str, ...], _Refs] = {}  # the modes of one target share its contexts
@@ -162,12 +162,13 @@ class Evaluator:
             self._windows[d.doc_id] = context_windows(d.text, d.spans)
         return self._windows[d.doc_id]
 
-    def _finetune_refs(self) -> tuple[RougeIndex, dict[int, set[tuple[str, ...]]]]:
+    def _finetune_refs(self) -> tuple[RougeIndex, WindowSets]:
         if self._ft_index is None or self._ft_windows is None:
             if not self.ft_docs:
                 raise CtrlgenError("a fine-tuning mode is evaluated but no fine-tuning documents were given")
             self._ft_index = RougeIndex([d.text for d in self.ft_docs if in_rouge_sample(d.doc_id, self.rouge_rate)])
-            self._ft_windows = merge_windows(self._doc_windows(d) for d in self.ft_docs)
+            # not through the per-document cache: only the set's hashed windows are kept
+            self._ft_windows = merge_windows(context_windows(d.text, d.spans) for d in self.ft_docs)
         return self._ft_index, self._ft_windows
 
     def _context_refs(self, doc_id: str, context_ids: Sequence[str]) -> _Refs:

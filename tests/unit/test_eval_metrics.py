@@ -372,9 +372,9 @@ def test_utility_autocast_fine_tunes_in_bf16_on_the_current_weights_and_keeps_fp
 
 
 def test_leaks_by_k_probes_the_text_and_agrees_with_walking_every_window():
-    """leaks_by_k looks the text's n-grams up in the window sets (cost of the text, not of a fine-tuning set's
-    millions of windows); on random texts and windows it says what the definition says: some window of level k
-    is a contiguous word sequence of the text."""
+    """leaks_by_k looks the text's n-grams up in the window sets, held as sorted 64-bit hashes (cost of the text,
+    not of a fine-tuning set's millions of windows; 8 bytes a window); on random texts and windows it says what
+    the definition says: some window of level k is a contiguous word sequence of the text."""
     import random
 
     from ctrlgen.metrics.context import WindowSets, leaks_by_k, merge_windows, words
@@ -385,12 +385,14 @@ def test_leaks_by_k_probes_the_text_and_agrees_with_walking_every_window():
         parts = [{k: {tuple(rng.choices(vocab, k=k + rng.randint(1, 3))) for _ in range(rng.randint(0, 4))}
                   for k in (1, 2, 3, 4)} for _ in range(3)]  # fmt: skip
         windows = merge_windows(parts)
-        assert isinstance(windows, WindowSets)
+        union = {k: set().union(*(p[k] for p in parts)) for k in (1, 2, 3, 4)}
+        assert isinstance(windows, WindowSets) and len(windows) == sum(map(len, union.values()))
+        assert windows.nbytes == 8 * len(windows)  # hashes only
         text = " ".join(rng.choices(vocab, k=rng.randint(0, 30)))
         toks = [t for t, _, _ in words(text)]
         grams = {tuple(toks[i : i + n]) for n in range(1, 8) for i in range(len(toks) - n + 1)}
-        want = {k: any(w in grams for w in ws) for k, ws in windows.items()}
-        assert leaks_by_k(text, windows) == want == leaks_by_k(text, dict(windows))
+        want = {k: any(w in grams for w in ws) for k, ws in union.items()}
+        assert leaks_by_k(text, windows) == want == leaks_by_k(text, union)
 
 
 def test_finetune_rouge_over_a_seeded_sample_of_the_finetune_set() -> None:
