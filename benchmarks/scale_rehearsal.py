@@ -206,7 +206,8 @@ def _child(name: str, n: int, work: Path, targets: int) -> dict[str, Any]:
     stdout, stderr = proc.communicate(timeout=6 * 3600)
     sampler.stop()
     if proc.returncode != 0:
-        raise SystemExit(f"stage {name} at {n} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+        print(f"stage {name} at {n} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}", flush=True)
+        raise _StageFailed(stderr[-1500:] or stdout[-1500:])
     got: dict[str, Any] = json.loads([ln for ln in stdout.splitlines() if ln.startswith(_MARK)][-1][len(_MARK) :])
     got["worker_peak_rss_mb"], got["worker_peak_process"] = sampler.peak_mb, sampler.peak_name
     if name in _OUTPUTS:
@@ -225,32 +226,69 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="working directory (default: a temporary one, removed)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "scale_rehearsal.json"))
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the stages --out already holds (each with its commit) and run the rest; needs --work "
+                         "with the earlier stages' outputs")  # fmt: skip
+    ap.add_argument("--render", action="store_true", help="only re-render docs/benchmarks.md from --out")
     ap.add_argument("--stage", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.stage:
         print(_MARK + json.dumps(stage(args.stage, args.n, Path(args.work), args.targets, [])), flush=True)
         return
+    out = Path(args.out)
+    if args.render:
+        _write(json.loads(out.read_text()), out, final=True)
+        return
     small, large = args.sizes
-    results: dict[str, dict[str, Any]] = {}
+    data: dict[str, Any] = {"command": " ".join([COMMAND, *sys.argv[1:]]), "date": time.strftime("%Y-%m-%d"),
+                            "sizes": [small, large], "targets": args.targets, "minutes": 0.0, "results": {}}  # fmt: skip
+    if args.resume:
+        if not args.work:
+            raise SystemExit("--resume needs --work (the earlier stages' outputs)")
+        old = json.loads(out.read_text())
+        if old["sizes"] != data["sizes"] or old["targets"] != data["targets"]:
+            raise SystemExit(f"{out} holds sizes {old['sizes']} / {old['targets']} targets, not these")
+        data["results"], data["minutes"] = old["results"], old.get("minutes", 0.0)
+    results: dict[str, dict[str, Any]] = data["results"]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ctrlgen-rehearsal-") as tmp:
         work = Path(args.work or tmp)
         for n in (small, large):
             print(f"corpus of {n:,} notes", flush=True)
-            t_n = time.perf_counter()
             for name in [s for s in STAGES if s in args.stages or s == "extract"]:
-                results[f"{name}@{n}"] = _child(name, n, work, args.targets)
-            results[f"total@{n}"] = {"seconds": time.perf_counter() - t_n}
-    data = {"command": " ".join([COMMAND, *sys.argv[1:]]), "date": time.strftime("%Y-%m-%d"), "sizes": [small, large],
-            "targets": args.targets, "minutes": (time.perf_counter() - t_all) / 60, "results": results}  # fmt: skip
-    body = report(data)
-    print(body)
+                key = f"{name}@{n}"
+                if key in results and "failed" not in results[key]:
+                    print(f"  {name:>10} n={n:>9,}: kept from {out.name} ({results[key].get('commit', '?')})")
+                    continue
+                try:
+                    results[key] = _child(name, n, work, args.targets) | {"commit": commit.strip()}
+                except _StageFailed as e:
+                    results[key] = {"failed": str(e)[-1500:], "commit": commit.strip()}
+                    print(f"  {name:>10} n={n:>9,}: FAILED (kept in {out.name})", flush=True)
+                results[f"total@{n}"] = {"seconds": sum(r.get("seconds", 0.0) for k, r in results.items()
+                                                        if k.endswith(f"@{n}") and not k.startswith("total"))}  # fmt: skip
+                data["minutes"] = data.get("minutes", 0.0) if args.resume else (time.perf_counter() - t_all) / 60
+                if not args.no_write:  # after every stage: a stopped run keeps what it measured
+                    _write(data, out, final=False)
+    if args.resume:
+        data["minutes"] = sum(results[f"total@{n}"]["seconds"] for n in (small, large)) / 60
+    print(report(data))
     if not args.no_write:
+        _write(data, out, final=True)
+
+
+class _StageFailed(RuntimeError):
+    pass
+
+
+def _write(data: dict[str, Any], out: Path, final: bool) -> None:
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    if final:
         from _report import write_section
 
-        Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
-        write_section("MIMIC-scale rehearsal", body)
+        write_section("MIMIC-scale rehearsal", report(data))
 
 
 def report(data: dict[str, Any]) -> str:
@@ -263,24 +301,52 @@ def report(data: dict[str, Any]) -> str:
         "",
         f"| stage | time at {small:,} | at {large:,} | time ratio (<= 12) | driver RSS at {small:,} | at {large:,} | "
         f"RSS ratio (<= 1.2) | largest worker at {large:,} (<= 4 GB) | files at {large:,} (<= 2,000) | "
-        "mean file |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "mean file | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def ok(r: dict[str, Any] | None) -> bool:
+        return r is not None and "failed" not in r
+
+    def cell(r: dict[str, Any] | None, what: str) -> str:
+        if r is None:
+            return "not run"
+        if "failed" in r:
+            return "FAILED"
+        return f"{r['seconds']:.0f} s" if what == "time" else f"{r['peak_rss_mb']:.0f} MB"
+
     for name in STAGES:
         a, b = res.get(f"{name}@{small}"), res.get(f"{name}@{large}")
-        if a is None or b is None:
+        if a is None and b is None:
             continue
-        tr, rr = b["seconds"] / max(a["seconds"], 1e-9), b["peak_rss_mb"] / a["peak_rss_mb"]
-        files = b.get("files")
-        lines.append(
-            f"| {name} | {a['seconds']:.0f} s | {b['seconds']:.0f} s | {tr:.1f} ({'met' if tr <= 12 else 'NOT met'}) | "
-            f"{a['peak_rss_mb']:.0f} MB | {b['peak_rss_mb']:.0f} MB | {rr:.2f} ({'met' if rr <= 1.2 else 'NOT met'}) | "
-            f"{b['worker_peak_rss_mb']:.0f} MB ({'met' if b['worker_peak_rss_mb'] <= 4096 else 'NOT met'}) | "
-            + (f"{files:,} ({'met' if files <= 2000 else 'NOT met'}) | {b['mean_file_bytes'] / 1e6:.2f} MB |"
-               if files is not None else "- | - |")
-        )  # fmt: skip
+        row = [name, cell(a, "time"), cell(b, "time")]
+        if ok(a) and ok(b):
+            assert a is not None and b is not None
+            tr, rr = b["seconds"] / max(a["seconds"], 1e-9), b["peak_rss_mb"] / a["peak_rss_mb"]
+            row.append(f"{tr:.1f} ({'met' if tr <= 12 else 'NOT met'})")
+        else:
+            row.append("-")
+        row += [cell(a, "rss"), cell(b, "rss")]
+        row.append(f"{rr:.2f} ({'met' if rr <= 1.2 else 'NOT met'})" if ok(a) and ok(b) else "-")
+        last = b if ok(b) else a if ok(a) else None  # the large size's figures, else the small one's (marked)
+        tag = "" if last is b else f" (at {small:,})"
+        if last is None:
+            row += ["-", "-", "-"]
+        else:
+            w = last["worker_peak_rss_mb"]
+            row.append(f"{w:.0f} MB{tag} ({'met' if w <= 4096 else 'NOT met'})")
+            files = last.get("files")
+            row += ([f"{files:,}{tag} ({'met' if files <= 2000 else 'NOT met'})", f"{last['mean_file_bytes'] / 1e6:.2f} MB"]
+                    if files is not None else ["-", "-"])  # fmt: skip
+        row.append(", ".join(sorted({r["commit"] for r in (a, b) if r is not None and r.get("commit")})) or "-")
+        lines.append("| " + " | ".join(row) + " |")
+    failed = [(k, r["failed"]) for k, r in res.items() if "failed" in r]
+    for k, msg in failed:
+        tail = [ln for ln in msg.splitlines() if ln.strip()][-1:] or ["?"]
+        lines += ["", f"{k} failed: `{tail[0][:300]}`"]
     sc = res.get(f"scorer@{large}")
-    if sc:
+    if ok(sc):
+        assert sc is not None
         per = sc["bytes_per_note"]
         lines += ["", f"Scorer index at {large:,} notes: {per / 1e3:.1f} KB per reference note (RSS growth over "
                       f"{sc['documents']:,} notes of one shard; target <= 3 KB: {'met' if per <= 3000 else 'NOT met'})."]  # fmt: skip
