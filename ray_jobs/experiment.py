@@ -553,8 +553,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     planted: dict[str, list[dict[str, Any]]] = {}  # the fine-tuning rows (canaries planted) per setting
     real_ft: dict[str, RealDoc] = {}
     if prefix_methods:
-        elig = ray.data.read_parquet(str(splits["known"]["train"])).select_columns(_DOC_COLUMNS)
-        ft_ids = {r["doc_id"] for r in seeded_sample(elig.map_batches(has_code, batch_format="pyarrow"),
+        ft_ids = {r["doc_id"] for r in seeded_sample(train_ds.map_batches(has_code, batch_format="pyarrow"),
                                                      x.finetune_documents, x.split_seed, "finetune", ["doc_id"])}  # fmt: skip
         planted_known = insert_canaries(_rows(splits["known"]["train"], ft_ids), canaries, x.split_seed,
                                         x.canary_in_code)  # fmt: skip

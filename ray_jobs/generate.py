@@ -34,7 +34,7 @@ import os
 import posixpath
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,33 @@ __all__ = [
 _COLUMNS = ["doc_id", "text", "control_code"]
 
 
+def load_generation_engine(cfg: CtrlgenConfig, adapters: Mapping[str, str]) -> tuple[Any, Any]:
+    """A generation actor's model and engine: ``generation.torch_threads``, the model (``generation.dtype`` over
+    ``model.dtype``), each PEFT prefix adapter (name -> directory, ``s3://`` downloaded) loaded on it and held
+    by the one engine under its name. Returns ``(engine, tokenizer)``.
+
+    The PEFT model generates with the learned prefix (the bare base model would skip it); prompt learning leaves
+    the base model itself untouched, so rows of the base model and of every adapter share the engine's batches.
+    """
+    import torch
+
+    from ctrlgen.generation.factory import build_engine
+    from ctrlgen.models import load_causal_lm
+
+    g = cfg.generation
+    if g.torch_threads:
+        torch.set_num_threads(g.torch_threads)
+    model_cfg = cfg.model if g.dtype is None else cfg.model.model_copy(update={"dtype": g.dtype})
+    model, tokenizer = load_causal_lm(model_cfg)
+    loaded = {}
+    if adapters:
+        from ctrlgen.training.prefix import load_prefix_model
+
+        loaded = {name: load_prefix_model(model, storage.local_copy(path)) for name, path in adapters.items()}
+    engine = build_engine(model, tokenizer, g.sampling, model_cfg=model_cfg, batch_size=g.batch_size, adapters=loaded)
+    return engine, tokenizer
+
+
 class GenerateActor:
     """Callable class for ``map_batches``: loads the model once, then generates per batch."""
 
@@ -72,29 +99,13 @@ class GenerateActor:
         adapter: str | None = None,
         finetune: Any = None,
     ) -> None:
-        import torch
-
         from ctrlgen.fictional import FictionalCodes
-        from ctrlgen.generation.factory import build_engine
         from ctrlgen.generation.icl import PREFIX_ADAPTER, build_pool
-        from ctrlgen.models import load_causal_lm
 
         self.cfg = CtrlgenConfig.model_validate_json(cfg_json)
         g = self.cfg.generation
-        if g.torch_threads:
-            torch.set_num_threads(g.torch_threads)
-        model_cfg = self.cfg.model if g.dtype is None else self.cfg.model.model_copy(update={"dtype": g.dtype})
-        model, self.tokenizer = load_causal_lm(model_cfg)
-        adapters = {}
-        if adapter is not None:
-            from ctrlgen.training.prefix import load_prefix_model
-
-            # The PEFT model generates with the learned prefix (the bare base model would skip it);
-            # prompt learning leaves the base model itself untouched for the other modes. The engine holds
-            # the adapter under PREFIX_ADAPTER: prefix rows and base-model rows share its batches.
-            adapters[PREFIX_ADAPTER] = load_prefix_model(model, storage.local_copy(adapter))  # s3:// is downloaded
-        self.engine = build_engine(model, self.tokenizer, g.sampling, model_cfg=model_cfg, batch_size=g.batch_size,
-                                   adapters=adapters)  # fmt: skip
+        # The engine holds the adapter under PREFIX_ADAPTER: prefix rows and base-model rows share its batches.
+        self.engine, self.tokenizer = load_generation_engine(self.cfg, {PREFIX_ADAPTER: adapter} if adapter else {})
         self.finetune = _resolve_index(finetune)  # one automaton, built by the driver, for every batch
         self.pool = build_pool(pool_rows, self.tokenizer, g.max_context_tokens)
         if isinstance(exclude, ray.ObjectRef):  # the corpus' values, merged by a task, fetched once
@@ -190,17 +201,20 @@ class GeneratedSink(Datasink[None]):
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> None:
         tables = [b for b in blocks if b.num_rows]
-        if not tables:
-            return
-        table = pa.concat_tables(tables)
-        name = f"{self.write_id}_{ctx.task_idx:06d}"
+        if tables:
+            self.write_table(self.path, pa.concat_tables(tables), f"{self.write_id}_{ctx.task_idx:06d}")
+
+    @classmethod
+    def write_table(cls, path: str, table: pa.Table, name: str) -> None:
+        """Generated rows under ``path`` as file ``name``: one Parquet file per mode (``mode=<m>/<name>.parquet``),
+        then the commit marker ``_commits/<name>`` (rows, documents)."""
         modes = table.column("mode")
         for mode in sorted(set(modes.to_pylist())):
             part = table.filter(pc.equal(modes, mode)).drop_columns(["mode"])
-            storage.write_parquet(part, storage.join(self.path, f"mode={mode}", f"{name}.parquet"))
+            storage.write_parquet(part, storage.join(path, f"mode={mode}", f"{name}.parquet"))
         docs = len(set(table.column("doc_id").to_pylist()))
         storage.write_text(
-            storage.join(self.path, self.COMMITS, name), json.dumps({"rows": table.num_rows, "documents": docs})
+            storage.join(path, cls.COMMITS, name), json.dumps({"rows": table.num_rows, "documents": docs})
         )
 
 
@@ -299,7 +313,9 @@ def _run(cfg: CtrlgenConfig, resume: bool, score: bool) -> GenerateSummary:
             raise CtrlgenError(f"the prefix mode needs a PEFT adapter; {adapter} has none (run `ctrlgen train` first)")
         ft_path = storage.absolute(g.finetune_data or storage.join(cfg.output_dir, "train_data"))
         if not storage.parquet_files(ft_path, within="status=ok"):
-            raise CtrlgenError(f"{ft_path} holds no training examples (the prefix mode needs `ctrlgen train`'s train_data)")
+            raise CtrlgenError(
+                f"{ft_path} holds no training examples (the prefix mode needs `ctrlgen train`'s train_data)"
+            )
     src = extraction_input(cfg, g.input, "generation")
     ctx_src = extraction_input(cfg, g.context_input, "generation contexts") if g.context_input else src
     init_ray(cfg)
@@ -460,9 +476,7 @@ def _count_rows(out: str) -> dict[str, tuple[int, int]]:
     return _counts(_generated_dataset(out)) if storage.list_files(out, ".parquet") else {}
 
 
-def score_output(
-    cfg: CtrlgenConfig, out: str, finetune: Any = None, targets: int | None = None
-) -> GenerateSummary:
+def score_output(cfg: CtrlgenConfig, out: str, finetune: Any = None, targets: int | None = None) -> GenerateSummary:
     """PIPP / ELP per mode of a generation output; writes leakage.md / .json beside it.
 
     ``finetune``: the fine-tuning values (a list), or :func:`finetune_index`'s (reference, count); None

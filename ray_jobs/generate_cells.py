@@ -102,23 +102,12 @@ class CellGenerateActor:
         adapters: dict[str, str],
         finetune: dict[str, Any],
     ) -> None:
-        import torch
-
-        from ctrlgen.generation.factory import build_engine
         from ctrlgen.generation.icl import build_pool
-        from ctrlgen.models import load_causal_lm
-        from ctrlgen.training.prefix import load_prefix_model
-        from ray_jobs.generate import _resolve_index
+        from ray_jobs.generate import _resolve_index, load_generation_engine
 
         self.cfg = CtrlgenConfig.model_validate_json(cfg_json)
         g = self.cfg.generation
-        if g.torch_threads:
-            torch.set_num_threads(g.torch_threads)
-        model_cfg = self.cfg.model if g.dtype is None else self.cfg.model.model_copy(update={"dtype": g.dtype})
-        model, self.tokenizer = load_causal_lm(model_cfg)
-        self.engine = build_engine(model, self.tokenizer, g.sampling, model_cfg=model_cfg, batch_size=g.batch_size)
-        for name, path in adapters.items():  # prompt learning leaves the base model untouched for the others
-            self.engine.add_adapter(name, load_prefix_model(model, storage.local_copy(path)))  # type: ignore[attr-defined]
+        self.engine, self.tokenizer = load_generation_engine(self.cfg, adapters)
         self.finetune = {name: _resolve_index(ref) for name, ref in finetune.items()}
         self.cells = cells
         self.pools = {k: build_pool(c["pool"], self.tokenizer, g.max_context_tokens) for k, c in cells.items()}
@@ -261,6 +250,7 @@ def generate_cells(cfg: CtrlgenConfig, cells: list[Cell], resume: bool = False) 
         tables = [t for t in ray.get(out_ds.to_arrow_refs()) if t.num_rows]
     table = pa.concat_tables(tables) if tables else None
     # 4. Each cell's rows in the generation job's layout, its marker last.
+    from ctrlgen.generation.icl import GENERATED_SCHEMA
     from ray_jobs.generate import GeneratedSink
 
     for c in todo:
@@ -270,13 +260,7 @@ def generate_cells(cfg: CtrlgenConfig, cells: list[Cell], resume: bool = False) 
         if got != want:
             raise CtrlgenError(f"cell {c.key}: {got} rows generated, expected {want} (targets x modes)")
         reset_dir(c.output)
-        modes = mine.column("mode") if mine is not None else None
-        for mode in c.modes:
-            part = mine.filter(pc.equal(modes, mode)).drop_columns(["mode"]) if mine is not None else None
-            if part is not None and part.num_rows:
-                storage.write_parquet(part, storage.join(c.output, f"mode={mode}", "part-0.parquet"))
-        storage.write_text(storage.join(c.output, GeneratedSink.COMMITS, "part-0"),
-                           json.dumps({"rows": got, "documents": specs[c.key]["targets"]}))  # fmt: skip
+        GeneratedSink.write_table(c.output, mine if mine is not None else GENERATED_SCHEMA.empty_table(), "part-0")
         storage.write_text(
             storage.join(c.output, _MARKER), json.dumps({"fingerprint": _fingerprint(cfg, given[c.key])}) + "\n"
         )
