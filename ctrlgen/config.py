@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ctrlgen.errors import ConfigError
 
@@ -765,19 +765,18 @@ class LLMAnonymizerConfig(LLMConfig):
 
 
 EntitySetting = Literal["known", "unknown"]
-ExperimentMethod = Literal[
-    "baseline",
-    "icl",
-    "icl_blocking",
-    "prefix",
-    "prefix_masked",
-    "prefix_masked_paper",
-    "prefix_dp8",
-    "prefix_dp4",
-    "anon_redact",
-    "anon_surrogate",
-    "anon_llm",
-]
+
+
+def _known_method(name: str) -> str:
+    from ctrlgen.methods import METHODS
+
+    if name not in METHODS:
+        raise ValueError(f"unknown experiment method {name!r} (one of: {', '.join(METHODS)})")
+    return name
+
+
+#: A method of the experiment: a key of :data:`ctrlgen.methods.METHODS` (the table says what it does).
+ExperimentMethod = Annotated[str, AfterValidator(_known_method)]
 
 
 class ExperimentConfig(_Model):
@@ -807,8 +806,8 @@ class ExperimentConfig(_Model):
         description="The model of the LLM atomiser and judge (a capable instruction model is what they assume).",
     )
     methods: list[ExperimentMethod] = Field(
-        default_factory=lambda: list[ExperimentMethod](["baseline", "icl", "icl_blocking", "prefix", "prefix_masked"]),
-        description="baseline, icl, icl_blocking (ICL generation modes); prefix (prefix tuning, plain "
+        default_factory=lambda: ["baseline", "icl", "icl_blocking", "prefix", "prefix_masked"],
+        description="Keys of ctrlgen.methods.METHODS: baseline, icl, icl_blocking (ICL generation modes); prefix (prefix tuning, plain "
         "L_LM), prefix_masked (prefix tuning with the masking loss, training.variant masked) and "
         "prefix_masked_paper (the paper's loss as written, training.variant masked_paper); prefix_dp8 / "
         "prefix_dp4 (DP-SGD prefix tuning at epsilon 8 / 4, training.dp for the rest); anon_redact / "

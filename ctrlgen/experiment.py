@@ -38,6 +38,7 @@ from typing import Any
 
 from ctrlgen.generation.icl import row_seed
 from ctrlgen.intervals import clopper_pearson, cluster_bootstrap, cluster_bootstrap_diff, t_interval
+from ctrlgen.methods import METHODS, REFERENCE_LABELS
 from ctrlgen.schema import patient_id
 
 __all__ = [
@@ -58,22 +59,8 @@ __all__ = [
     "table",
 ]
 
-#: Method -> row label (METHOD.md section 7's names).
-METHOD_LABELS = {
-    "baseline": "Baseline (ICL, no codes)",
-    "icl": "ICL",
-    "icl_blocking": "ICL + blocking",
-    "prefix": "Prefix tuning",
-    "prefix_masked": "Prefix tuning + masking",
-    "prefix_masked_paper": "Prefix tuning + masking (paper's loss)",
-    "prefix_dp8": "Prefix tuning, DP-SGD eps 8",
-    "prefix_dp4": "Prefix tuning, DP-SGD eps 4",
-    "anon_redact": "Anonymised: redaction",
-    "anon_surrogate": "Anonymised: fictional surrogates",
-    "anon_llm": "Anonymised: LLM rewrite + attacker",
-    "real": "(real train notes)",
-    "base": "(base model, no tuning)",
-}
+#: Method -> row label (METHOD.md section 7's names; :data:`ctrlgen.methods.METHODS`), then the reference rows.
+METHOD_LABELS = {m: x.label for m, x in METHODS.items()} | REFERENCE_LABELS
 
 #: (key, column header, scale, decimals) of every metric a cell records.
 METRICS: tuple[tuple[str, str, float, int], ...] = (

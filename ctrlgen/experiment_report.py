@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrlgen.errors import CtrlgenError
+from ctrlgen.methods import METHODS
 
 __all__ = ["check_note", "reading", "render_page", "run_page", "run_section", "write_or_check"]
 
@@ -52,6 +53,11 @@ def _label(method: str) -> str:
     from ctrlgen.experiment import METHOD_LABELS
 
     return METHOD_LABELS.get(method, method)
+
+
+def _against(method: str) -> str:
+    """How the page names the method a variant is compared with."""
+    return "the plain prefix" if method == "prefix" else _label(method)
 
 
 def _val(v: Mapping[str, Any], key: str, with_k: bool = False) -> str:
@@ -122,12 +128,13 @@ def reading(summary: Sequence[Mapping[str, Any]], data: Mapping[str, Any]) -> li
                    + (f": {share} of what they leak are values of 1-3 characters (PhysioNet's gold values include "
                       "initials and small numbers, which any clinical text can contain)." if share else "."))  # fmt: skip
 
-    # Masking and DP against the plain prefix.
-    for other, name in (("prefix_masked", "Masking"), ("prefix_masked_paper", "The paper's masking loss"),
-                        ("prefix_dp8", "DP-SGD eps 8"), ("prefix_dp4", "DP-SGD eps 4")):  # fmt: skip
+    # Masking and DP against the plain prefix (the methods table's comparisons).
+    for other, m in METHODS.items():
+        if m.compare_to is None:
+            continue
         parts = []
         for s in settings:
-            a, b = by.get((s, other)), by.get((s, "prefix"))
+            a, b = by.get((s, other)), by.get((s, m.compare_to))
             # semantic privacy only against its chance level: the raw scores may all sit at it
             for key, col in (
                 ("pipp", "PIPP"),
@@ -139,7 +146,7 @@ def reading(summary: Sequence[Mapping[str, Any]], data: Mapping[str, Any]) -> li
                 if a and b and a.get(key) and b.get(key):
                     parts.append(f"{s} {col} {_val(a[key], key)} vs {_val(b[key], key)} ({_compare(a[key], b[key])})")
         if parts:
-            out.append(f"**{name} vs the plain prefix**: " + "; ".join(parts) + ".")
+            out.append(f"**{m.short or _label(other)} vs {_against(m.compare_to)}**: " + "; ".join(parts) + ".")
 
     # DP budget.
     dp = [r for r in _rows(summary) if r.get("epsilon")]
@@ -254,8 +261,8 @@ def _paired_exposure(data: Mapping[str, Any], settings: Sequence[str]) -> str | 
     for s in settings:
         plain = canaries(s, "prefix")
         pairs = [("prefix", "the untuned model", plain, base)]
-        pairs += [(m, "the plain prefix", canaries(s, m), plain)
-                  for m in ("prefix_masked", "prefix_masked_paper", "prefix_dp8", "prefix_dp4")]  # fmt: skip
+        pairs += [(m, _against(x.compare_to), canaries(s, m), canaries(s, x.compare_to))
+                  for m, x in METHODS.items() if x.compare_to is not None]  # fmt: skip
         for method, against, a, b in pairs:
             if not a or not b or set(a) != set(b):
                 continue

@@ -53,15 +53,12 @@ import pyarrow.parquet as pq
 from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import CtrlgenError
+from ctrlgen.methods import METHODS, of_kind
 
 __all__ = ["ExperimentSummary", "main", "run"]
 
 _DOC_COLUMNS = ["doc_id", "text", "metadata", "entities", "control_code"]
-_ICL = ("baseline", "icl", "icl_blocking")
-_VARIANT = {"prefix": "plain", "prefix_masked": "masked", "prefix_masked_paper": "masked_paper",
-            "prefix_dp8": "dp", "prefix_dp4": "dp"}  # fmt: skip
-_EPSILON = {"prefix_dp8": 8.0, "prefix_dp4": 4.0}
-_ANON = {"anon_redact": "redact", "anon_surrogate": "surrogate", "anon_llm": "llm"}
+_ICL_METHOD = {METHODS[m].mode: m for m in of_kind("icl")}  # generation mode -> its ICL method
 _ATTACK_BATCH = 64  # records per semantic-attack batch
 
 
@@ -475,7 +472,7 @@ def _anonymised_cell(
         if method == "anon_llm":
             text = rewritten[doc_id]["text"]
         else:
-            text = anonymize(r["text"], ents, _ANON[method], gen, doc_id).text  # type: ignore[arg-type]
+            text = anonymize(r["text"], ents, METHODS[method].anonymizer, gen, doc_id).text  # type: ignore[arg-type]
         rows.append({"doc_id": doc_id, "mode": method, "status": "ok" if text is not None else "withheld",
                      "text": text or "", "context_ids": [doc_id], "labels": {e.category for e in ents}})  # fmt: skip
     records = Evaluator(gold).table(rows).to_pylist()
@@ -547,7 +544,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     test_labels = [_categories(r["control_code"]) for r in test_rows]
 
     # 3. Fine-tuning set (same notes in every setting) with canaries.
-    prefix_methods = [m for m in x.methods if m in _VARIANT]
+    prefix_methods = of_kind("prefix", x.methods)
     canaries = make_canaries(x.canaries, x.split_seed, x.canary_repeats) if prefix_methods else []
     ft_dirs: dict[str, Path] = {}
     planted: dict[str, list[dict[str, Any]]] = {}  # the fine-tuning rows (canaries planted) per setting
@@ -577,10 +574,10 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     for setting in settings:
         for method in prefix_methods:
             for seed in train_seeds:
-                variant = _VARIANT[method]
+                variant, epsilon = METHODS[method].variant, METHODS[method].epsilon
                 run_dir = out / "runs" / setting / f"{method}-s{seed}"
-                dp = {"training__dp__target_epsilon": _EPSILON[method], "training__dp__noise_multiplier": None} \
-                    if method in _EPSILON else {}  # fmt: skip
+                dp = {"training__dp__target_epsilon": epsilon, "training__dp__noise_multiplier": None} \
+                    if epsilon else {}  # fmt: skip
                 c = _with(cfg, output_dir=str(run_dir), training__input=str(ft_dirs[setting]),
                           training__variant=variant, training__num_documents=None, training__seed=seed,
                           training__run_name=f"{setting}-{method}-s{seed}", training__resume=x.resume,
@@ -618,7 +615,8 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
         train_seed = seed if x.train_per_seed else x.seeds[0]
         for setting in settings:
             runs: list[tuple[list[str], Path | None]] = []
-            icl_modes = [m for m in _ICL if m in x.methods and not (m == "baseline" and seed in baseline_setting)]
+            icl_modes = [METHODS[m].mode or m for m in of_kind("icl", x.methods)
+                         if not (m == "baseline" and seed in baseline_setting)]  # fmt: skip
             if "baseline" in icl_modes:
                 baseline_setting[seed] = setting
             if icl_modes:
@@ -684,7 +682,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                     by_mode = aggregate(records, n_ft_values if ft else 0)
                     per_output = _per_output(records, patients)
                 for mode in sorted({r["mode"] for r in rows}):
-                    method = modes[0] if ft else mode
+                    method = modes[0] if ft else _ICL_METHOD[mode]
                     ok = [r for r in rows if r["mode"] == mode and r["status"] == "ok"]
                     texts = [r["text"] for r in ok]
                     if ft:
@@ -719,7 +717,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                     if method == "baseline":
                         baseline_cells[seed] = cell
                     cells.append(cell)
-            for method in (m for m in x.methods if m in _ANON):  # the real test notes, anonymised
+            for method in of_kind("anon", x.methods):  # the real test notes, anonymised
                 cell = _anonymised_cell(cfg, method, setting, seed, splits, util, pending, patients, chance_train,
                                         picks, llm_rewrites)  # fmt: skip
                 _log(f"{setting} / {method} / seed {seed}: PIPP {cell['pipp']:.3f}, ROUGE-L {cell['rougeL']:.3f}, "
