@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import functools
+from array import array
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -125,14 +126,40 @@ class _Inverted:
     where a count exceeds 65,535).
     """
 
-    def __init__(self, keys_per_ref: Sequence[np.ndarray], totals: Sequence[int]) -> None:
-        parts = [np.unique(k, return_counts=True) for k in keys_per_ref]
-        keys = np.concatenate([u for u, _ in parts]) if parts else np.zeros(0, dtype=np.int64)
-        refs = (np.concatenate([np.full(len(u), i, dtype=np.int32) for i, (u, _) in enumerate(parts)])
-                if parts else np.zeros(0, dtype=np.int32))  # fmt: skip
-        counts = np.concatenate([c for _, c in parts]) if parts else np.zeros(0, dtype=np.int64)
+    #: Tokens per block of references whose postings are counted together (bounds the build's transient memory).
+    block_tokens = 1 << 22
+
+    def __init__(self, flat: np.ndarray, off: np.ndarray, vocab: int | None = None) -> None:
+        """Postings of the references ``flat[off[i]:off[i + 1]]`` (token ids): of their tokens, or with ``vocab``
+        of their bigrams (key ``id1 * vocab + id2``). Counted a block of references at a time on flat arrays (no
+        array per reference: a corpus shard's build leaves no per-reference objects behind)."""
+        n = len(off) - 1
+        lens = np.diff(off)
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        a = 0
+        while a < n:
+            b = int(np.searchsorted(off, off[a] + self.block_tokens, side="right")) - 1
+            b = min(max(b, a + 1), n)
+            seg = flat[off[a] : off[b]].astype(np.int64)
+            refs = np.repeat(np.arange(a, b, dtype=np.int32), lens[a:b])
+            if vocab is not None:  # bigrams within one reference
+                same = refs[:-1] == refs[1:]
+                seg, refs = (seg[:-1] * vocab + seg[1:])[same], refs[:-1][same]
+            order = np.lexsort((refs, seg))  # by key, then reference
+            k, r = seg[order], refs[order]
+            first = np.ones(len(k), dtype=bool)
+            first[1:] = (k[1:] != k[:-1]) | (r[1:] != r[:-1])
+            at = np.flatnonzero(first)
+            parts.append(
+                (k[at] if vocab is not None else k[at].astype(flat.dtype), r[at], np.diff(np.append(at, len(k))))
+            )
+            a = b
+        totals = lens if vocab is None else np.maximum(lens - 1, 0)
+        keys = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64 if vocab else flat.dtype)
+        refs = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, dtype=np.int32)
+        counts = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
         del parts
-        order = np.argsort(keys, kind="stable")
+        order = np.argsort(keys, kind="stable")  # blocks are in reference order: a key's postings stay so
         small = not len(counts) or int(counts.max()) <= np.iinfo(np.uint16).max
         keys, self.ids, self.counts = keys[order], refs[order], counts[order].astype(np.uint16 if small else np.uint32)
         self.keys, starts = np.unique(keys, return_index=True)
@@ -193,19 +220,22 @@ class RougeIndex:
     def __init__(self, references: Iterable[str], keep_texts: bool = True) -> None:
         self.references: list[str] | None = [] if keep_texts else None
         self._vocab: dict[str, int] = {}
-        ids: list[np.ndarray] = []
+        flat, lens = array("i"), array("q")  # token ids and lengths, appended in place (no object per reference)
         for text in references:
             if self.references is not None:
                 self.references.append(text)
             vocab = self._vocab
-            ids.append(np.array([vocab.setdefault(t, len(vocab)) for t in tokenize(text)], dtype=np.int32))
-        lens = np.array([len(x) for x in ids], dtype=np.int64)
-        self._n = len(ids)
-        self._off = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
-        self._flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32)
+            toks = [vocab.setdefault(t, len(vocab)) for t in tokenize(text)]
+            flat.extend(toks)
+            lens.append(len(toks))
+        self._n = len(lens)
+        counts = np.frombuffer(lens, dtype=np.int64) if lens else np.zeros(0, dtype=np.int64)
+        self._off: np.ndarray = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        self._flat: np.ndarray = np.frombuffer(flat, dtype=np.int32).copy() if flat else np.zeros(0, dtype=np.int32)
+        del flat, lens
         self._v = max(len(self._vocab), 1)
-        self._uni = _Inverted(ids, lens.tolist())
-        self._bi = _Inverted([x[:-1].astype(np.int64) * self._v + x[1:] for x in ids], np.maximum(lens - 1, 0).tolist())
+        self._uni = _Inverted(self._flat, self._off)
+        self._bi = _Inverted(self._flat, self._off, vocab=self._v)
         self._cache: OrderedDict[str, tuple[list[int], np.ndarray, np.ndarray]] = OrderedDict()
 
     def __len__(self) -> int:

@@ -446,3 +446,31 @@ def test_finetune_rouge_over_a_seeded_sample_of_the_finetune_set() -> None:
         assert {k: v for k, v in merged.items() if k != "exact_calls"} == {
             k: v for k, v in local.items() if k != "exact_calls"
         }
+
+
+def test_rouge_index_postings_do_not_depend_on_the_build_blocks(monkeypatch) -> None:
+    """The inverted indexes are counted a block of references at a time (flat arrays, no array per reference):
+    any block size gives the same arrays as one block over everything, empty references included."""
+    import random
+
+    import numpy as np
+
+    from ctrlgen.metrics.rouge import RougeIndex, _Inverted
+
+    rng = random.Random(5)
+    words = [f"w{i}" for i in range(30)]
+    refs = [" ".join(rng.choices(words, k=rng.randint(0, 40))) for _ in range(60)] + ["", "w1", "w1 w1 w1"]
+    whole = RougeIndex(refs, keep_texts=False).to_arrays()
+    for block in (1, 7, 64):
+        monkeypatch.setattr(_Inverted, "block_tokens", block)
+        arrays, vocab = RougeIndex(refs, keep_texts=False).to_arrays()
+        assert vocab == whole[1]
+        for k, a in whole[0].items():
+            assert arrays[k].dtype == a.dtype and np.array_equal(arrays[k], a), (block, k)
+    # postings by hand: w1 occurs in "w1" once and in "w1 w1 w1" three times
+    idx = RougeIndex(["w1", "w1 w1 w1", "w2 w1"], keep_texts=False)
+    arrays, vocab = idx.to_arrays()
+    j = int(np.searchsorted(arrays["uni_keys"], vocab.index("w1")))
+    lo, hi = arrays["uni_starts"][j], arrays["uni_starts"][j + 1]
+    assert arrays["uni_ids"][lo:hi].tolist() == [0, 1, 2] and arrays["uni_counts"][lo:hi].tolist() == [1, 3, 1]
+    assert arrays["bi_totals"].tolist() == [0.0, 2.0, 1.0]
