@@ -136,7 +136,9 @@ def stage(name: str, n: int, work: Path, targets: int, extra: list[str]) -> dict
         storage.remove(gen)
         ray.data.read_parquet(str(run / "extracted" / "status=ok")).select_columns(
             ["doc_id", "text", "control_code"]
-        ).map_batches(_to_generated, batch_format="pyarrow").write_datasink(GeneratedSink(gen))
+        ).map_batches(_to_generated, batch_format="pyarrow").write_datasink(
+            GeneratedSink(gen, cfg.generation.rows_per_file)
+        )  # as the generation job writes (files of rows_per_file rows)
         t0 = time.perf_counter()  # the scoring itself
         s = generate.score_output(
             cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"modes": ["icl"]})}), gen

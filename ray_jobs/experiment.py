@@ -59,6 +59,7 @@ __all__ = ["ExperimentSummary", "main", "run"]
 
 _DOC_COLUMNS = ["doc_id", "text", "metadata", "entities", "control_code"]
 _ICL_METHOD = {METHODS[m].mode: m for m in of_kind("icl")}  # generation mode -> its ICL method
+_ROWS_PER_FILE = 100_000  # a split's files gather at least this many notes (400 files at 200k notes without)
 _ATTACK_BATCH = 64  # records per semantic-attack batch
 
 
@@ -529,7 +530,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
         dest = Path(reset_dir(str(out / "data" / setting / "split")))
         ray.data.read_parquet(str(src)).select_columns(_DOC_COLUMNS).map_batches(
             _split_fn(x.split_seed, x.test_fraction), batch_format="pyarrow"
-        ).write_parquet(str(dest), partition_cols=["split"])
+        ).write_parquet(str(dest), partition_cols=["split"], min_rows_per_file=_ROWS_PER_FILE)  # few, large files
         splits[setting] = {s: dest / f"split={s}" for s in ("train", "test")}
         n = {s: ray.data.read_parquet(str(p)).count() for s, p in splits[setting].items()}
         _log(f"{setting}: {n['train']} train / {n['test']} test notes (split by patient)")
