@@ -158,6 +158,11 @@ class ReferenceShard:
     def n_values(self) -> int:
         return len(self.values)
 
+    @property
+    def rouge_nbytes(self) -> int:
+        """Bytes of the shard's ROUGE index arrays (token ids, offsets, postings)."""
+        return self._index.nbytes
+
     def save(self, path: str | Path) -> None:
         """Write the shard to ``path`` (NumPy ``.npz``, no pickle; written to a temporary name, then renamed, so
         a reader never sees half a file): its token-id arrays, document ids, vocabulary and private values."""
