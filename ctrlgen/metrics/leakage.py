@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import re
+from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -90,6 +91,10 @@ class ValueIndex:
     distinct normalised values, not their variants. Picklable, so one index can be built
     on the driver and shared with actors through the object store.
 
+    Held compactly (a corpus' values run to millions, each with about ten variant keys): the
+    automaton stores an integer per key (``STORE_INTS``, no Python object per key), and what a
+    key stands for is a run of positions into the sorted values (flat integer arrays).
+
     Example:
         >>> sorted(ValueIndex(["Smith", "John Smith", "Dr."]).find("seen by DR. john  smith"))
         ['dr.', 'john smith', 'smith']
@@ -100,11 +105,17 @@ class ValueIndex:
     def __init__(self, values: Iterable[ValueLike]) -> None:
         import ahocorasick
 
-        self._automaton: Any = ahocorasick.Automaton()
+        self._automaton: Any = ahocorasick.Automaton(ahocorasick.STORE_INTS)
         keys = value_keys(values)
         self._values = tuple(sorted({v for vs in keys.values() for v in vs}))
-        for key, stands_for in keys.items():
-            self._automaton.add_word(key, (key, tuple(sorted(stands_for))))
+        pos = {v: i for i, v in enumerate(self._values)}
+        # key i: its length, and the values it stands for at self._values[members[starts[i]:starts[i + 1]]]
+        self._key_len, self._starts, self._members = array("i"), array("q", [0]), array("i")
+        for i, (key, stands_for) in enumerate(keys.items()):
+            self._automaton.add_word(key, i)
+            self._key_len.append(len(key))
+            self._members.extend(sorted(pos[v] for v in stands_for))  # value order (the values are sorted)
+            self._starts.append(len(self._members))
         if keys:
             self._automaton.make_automaton()
 
@@ -125,10 +136,11 @@ class ValueIndex:
         norm = normalize_value(text)
         last = len(norm) - 1
         out = []
-        for end, (key, stands_for) in self._automaton.iter(norm):
-            start = end - len(key) + 1
+        for end, i in self._automaton.iter(norm):
+            start = end - self._key_len[i] + 1
             if (start == 0 or not _is_word(norm[start - 1])) and (end == last or not _is_word(norm[end + 1])):
-                out.append((start, end + 1, key, stands_for))
+                stands_for = tuple(self._values[j] for j in self._members[self._starts[i] : self._starts[i + 1]])
+                out.append((start, end + 1, norm[start : end + 1], stands_for))
         return out
 
 
