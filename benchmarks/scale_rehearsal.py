@@ -297,6 +297,79 @@ def _write(data: dict[str, Any], out: Path, final: bool) -> None:
         from _report import write_section
 
         write_section("MIMIC-scale rehearsal", report(data))
+        text = sizing(data)
+        if text:
+            _write_block(CLUSTER_DOC, text)
+
+
+CLUSTER_DOC = ROOT / "docs" / "cluster.md"
+_BLOCK = ("<!-- scale-rehearsal sizing: written by benchmarks/scale_rehearsal.py -->", "<!-- end of sizing -->")
+
+
+def _ok(r: dict[str, Any] | None) -> bool:
+    return r is not None and "failed" not in r
+
+
+def sizing(data: dict[str, Any]) -> str | None:
+    """What a head, a CPU worker, a GPU worker and a Scorer replica need at the large size, from the measured
+    stages (None when no stage of the large size was measured)."""
+    large = data["sizes"][1]
+    got = {n: r for n in STAGES if _ok(r := data["results"].get(f"{n}@{large}"))}
+    if not got:
+        return None
+    missing = [n for n in STAGES if n not in got]
+    commits = sorted({r.get("commit", "?") for r in got.values()})
+    gb = 1024.0
+    drv = max((n for n in got if n != "scorer"), key=lambda n: got[n]["peak_rss_mb"], default=None)  # job drivers
+    wrk = max((n for n in got if n != "scorer"), key=lambda n: got[n]["worker_peak_rss_mb"], default=None)
+    lines = [
+        f"Measured by `benchmarks/scale_rehearsal.py` at {large:,} demo notes (commit {', '.join(commits)}; stages "
+        f"measured: {', '.join(got)}" + (f"; not measured: {', '.join(missing)}" if missing else "") + "), each stage "
+        "its own driver on a private 4-CPU Ray cluster, a tiny random model (docs/benchmarks.md, \"MIMIC-scale "
+        "rehearsal\"):",
+        "",
+    ]
+    if drv is not None:
+        peak = got[drv]["peak_rss_mb"] / gb
+        fits = "within" if peak <= 8 else "above half of"
+        lines.append(
+            f"- **Head node** (the jobs' drivers): the largest driver peak was {peak:.1f} GB ({drv}), {fits} "
+            "KubeRay's default head (16 GiB, no CPUs for work); add Ray's own head processes (GCS, dashboard) and "
+            "the object store's share if the head also holds objects."
+        )
+    if wrk is not None:
+        w = got[wrk]
+        lines.append(
+            f"- **CPU worker**: the largest Ray worker process peaked at {w['worker_peak_rss_mb'] / gb:.1f} GB "
+            f"({wrk}, `{w.get('worker_peak_process', '?')}`). Ray runs about one such process per CPU it schedules: "
+            "budget that per CPU given to the jobs, plus Ray's object store (30% of the node's memory by default)."
+        )
+    if "generate" in got:
+        g = got["generate"]
+        lines.append(
+            f"- **GPU worker** (generation actors): the generation stage's largest process peaked at "
+            f"{g['worker_peak_rss_mb'] / gb:.1f} GB of host memory with the tiny model (the corpus-sized parts: the "
+            "value pool, the banned-value automaton, the fine-tuning value index); add the real model's weights "
+            "while it loads (SmolLM2-135M: about 0.5 GB in float32) and one such actor per GPU. GPU memory is the "
+            "engine's (docs/generation.md), not measured here."
+        )
+    if "scorer" in got:
+        sc = got["scorer"]
+        lines.append(
+            f"- **Serve Scorer replica**: a shard of {sc['documents']:,} reference notes grew the process by "
+            f"{sc['bytes_per_note'] * sc['documents'] / 1e9:.1f} GB ({sc['bytes_per_note'] / 1e3:.1f} KB per note"
+            + (f"; the ROUGE index's arrays {sc['rouge_bytes_per_note'] / 1e3:.2f} KB of it, the rest the shard's "
+               f"{sc['values']:,} private values" if "rouge_bytes_per_note" in sc else "")
+            + "); a replica holds one shard: more shards (values and notes are both sharded) divide it."
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
+def _write_block(path: Path, text: str) -> None:
+    """Replace the text between the two markers of ``path`` (they must be there)."""
+    doc = path.read_text(encoding="utf-8")
+    start, end = doc.index(_BLOCK[0]) + len(_BLOCK[0]), doc.index(_BLOCK[1])
+    path.write_text(doc[:start] + "\n" + text + "\n" + doc[end:], encoding="utf-8")
 
 
 def report(data: dict[str, Any]) -> str:
