@@ -19,8 +19,8 @@ Example:
     {'smith'}
     >>> pipp_icl(["Smith came", "nobody"], [["Smith"], ["Jones"]])
     0.5
-    >>> leaked_values("Seen by Smith, J. on Oct 20, 2101", [("John Smith", "PERSON"), ("2101-10-20", "DATETIME")])
-    {'2101-10-20', 'john smith'}
+    >>> sorted(leaked_values("Seen by Smith, J. on Oct 20, 2101", [("John Smith", "PERSON"), ("2101-10-20", "DATETIME")]))
+    ['2101-10-20', 'john smith']
 """
 
 from __future__ import annotations
@@ -104,19 +104,44 @@ class ValueIndex:
 
     def __init__(self, values: Iterable[ValueLike]) -> None:
         import ahocorasick
+        import numpy as np
 
+        # Streamed (no dict of every key's value set, which at a million values is most of the build's memory):
+        # each value's variant keys go into the automaton once (the key's number is its value there), and each
+        # (key, value) pair into two integer arrays.
         self._automaton: Any = ahocorasick.Automaton(ahocorasick.STORE_INTS)
-        keys = value_keys(values)
-        self._values = tuple(sorted({v for vs in keys.values() for v in vs}))
-        pos = {v: i for i, v in enumerate(self._values)}
-        # key i: its length, and the values it stands for at self._values[members[starts[i]:starts[i + 1]]]
-        self._key_len, self._starts, self._members = array("i"), array("q", [0]), array("i")
-        for i, (key, stands_for) in enumerate(keys.items()):
-            self._automaton.add_word(key, i)
-            self._key_len.append(len(key))
-            self._members.extend(sorted(pos[v] for v in stands_for))  # value order (the values are sorted)
-            self._starts.append(len(self._members))
-        if keys:
+        self._key_len = array("i")
+        norms: dict[str, int] = {}
+        pair_key, pair_value = array("i"), array("i")
+        for item in values:
+            value, category = split_value(item)
+            if not value or not value.strip():
+                continue
+            v = norms.setdefault(normalize(value), len(norms))
+            for key in match_keys(value, category):
+                k = self._automaton.get(key, -1)
+                if k < 0:
+                    k = len(self._key_len)
+                    self._automaton.add_word(key, k)
+                    self._key_len.append(len(key))
+                pair_key.append(k)
+                pair_value.append(v)
+        ordered = sorted(norms.items())
+        self._values = tuple(v for v, _ in ordered)
+        position = np.empty(len(ordered), dtype=np.int32)  # a value's first-seen number -> its sorted position
+        position[[i for _, i in ordered]] = np.arange(len(ordered), dtype=np.int32)
+        del norms, ordered
+        keys = np.frombuffer(pair_key, dtype=np.int32) if pair_key else np.zeros(0, dtype=np.int32)
+        vals = position[np.frombuffer(pair_value, dtype=np.int32)] if pair_value else np.zeros(0, dtype=np.int32)
+        order = np.lexsort((vals, keys))
+        keys, vals = keys[order], vals[order]
+        first = np.ones(len(keys), dtype=bool)
+        first[1:] = (keys[1:] != keys[:-1]) | (vals[1:] != vals[:-1])
+        keys, vals = keys[first], vals[first]
+        # key i stands for the values self._values[members[starts[i]:starts[i + 1]]] (in value order)
+        self._members = vals
+        self._starts = np.searchsorted(keys, np.arange(len(self._key_len) + 1)).astype(np.int64)
+        if len(self._key_len):
             self._automaton.make_automaton()
 
     def __len__(self) -> int:
@@ -139,7 +164,7 @@ class ValueIndex:
         for end, i in self._automaton.iter(norm):
             start = end - self._key_len[i] + 1
             if (start == 0 or not _is_word(norm[start - 1])) and (end == last or not _is_word(norm[end + 1])):
-                stands_for = tuple(self._values[j] for j in self._members[self._starts[i] : self._starts[i + 1]])
+                stands_for = tuple(self._values[j] for j in self._members[self._starts[i] : self._starts[i + 1]].tolist())
                 out.append((start, end + 1, norm[start : end + 1], stands_for))
         return out
 
