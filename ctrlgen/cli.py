@@ -455,7 +455,11 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
         seed=ex.ner_training.seed,
         folds=ex.ner_training.folds,
         rules_made=_RULES_CHOSEN if ex.rule_tuning.enabled else _RULES_FIXED,
-        architecture=f"{cfg.nlp.spacy_model}'s NER fine-tuned"
+        architecture=f"the {ex.ner_training.encoder} encoder fine-tuned as a BIO token classifier (windows of "
+        f"{ex.ner_training.max_length} word pieces overlapping by {ex.ner_training.stride}, learning rate "
+        f"{ex.ner_training.learning_rate:g}, batches of {ex.ner_training.batch_size} windows)"
+        if ex.ner_training.kind == "transformer"
+        else f"{cfg.nlp.spacy_model}'s NER fine-tuned"
         if ex.ner_training.width is None
         else f"a fresh NER (tok2vec width {ex.ner_training.width}, depth {ex.ner_training.depth}) on "
         f"{cfg.nlp.spacy_model}'s tokenizer",

