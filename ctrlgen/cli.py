@@ -353,14 +353,16 @@ Engines:
 - **ctrlgen (clinical NER)** (when the config names `extraction.ner_model`): the same engine with
   {architecture} trained on gold spans by `ctrlgen train-ner` (ctrlgen's categories as labels;
   training spans swapped for surrogate names, places and digits from general lists in
-  {augment:.0%} of the documents per epoch; {epochs} epochs, seed {seed}; the weights saved are the optimizer's
-  running averages, as `spacy train` saves them) and the recognizers
+  {augment:.0%} of the documents per epoch; {epochs} epochs, seed {seed}{saved}) and the recognizers
   {recognizers}, score threshold {threshold}. On PhysioNet it is **cross-validated by patient**:
   {folds} folds of patients, each fold's notes extracted by the NER trained on the other folds'
   notes, so no note is scored by a model that saw its patient; the pooled rows are all folds'
   held-out predictions together. The **NER alone** row runs the same fold models with none of the
   hand-written rules (SpacyRecognizer only, no vetoes, no mention propagation): the part of the
-  figures that is cross-validated through and through. The **in-sample** row is the model trained on every note (the one
+  figures that is cross-validated through and through. The **rules alone** row runs the recognizers
+  beside the NER, the vetoes and mention propagation with no NER at all (spaCy only tokenizes): what the
+  hand-written rules find by themselves (on PhysioNet in-sample: they were written from its errors); on TAB
+  and ACI-Bench the NER alone and rules alone rows split the clinical engine the same way. The **in-sample** row is the model trained on every note (the one
   `make setup` trains and the experiment's unknown setting runs) scored on those same notes: how much
   better extraction looks on notes the NER was trained on, not a quality figure. Dictionaries are general lists only
   (`extraction.name_lists`, `extraction.common_words`: PhysioNet deid's public name, place and
@@ -455,6 +457,9 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
         seed=ex.ner_training.seed,
         folds=ex.ner_training.folds,
         rules_made=_RULES_CHOSEN if ex.rule_tuning.enabled else _RULES_FIXED,
+        saved=""
+        if ex.ner_training.kind == "transformer"
+        else "; the weights saved are the optimizer's running averages, as `spacy train` saves them",
         architecture=f"the {ex.ner_training.encoder} encoder fine-tuned as a BIO token classifier (windows of "
         f"{ex.ner_training.max_length} word pieces overlapping by {ex.ner_training.stride}, learning rate "
         f"{ex.ner_training.learning_rate:g}, batches of {ex.ner_training.batch_size} windows)"

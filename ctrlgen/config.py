@@ -340,6 +340,14 @@ class ExtractionConfig(_Model):
         description="A clinical NER trained by `ctrlgen train-ner` (its directory): the Presidio engine's spaCy "
         "model instead of nlp.spacy_model, its labels ctrlgen's categories. None: the general spaCy NER.",
     )
+    ner_o_threshold: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="A transformer NER's decoding: None, each word piece takes its most probable tag; a number, a "
+        "piece whose probability of being outside every entity is below it takes its most probable entity tag "
+        "(higher: more recall, less precision).",
+    )
     name_lists: str | None = Field(
         None,
         description="Directory of deid-format general name and place lists (female_names_unambig.txt, "
@@ -377,6 +385,12 @@ class ExtractionConfig(_Model):
     num_actors: int = Field(2, ge=1, description="Ray Data actor pool size (analyzer loaded once per actor).")
     actor_num_cpus: float = Field(
         1.0, gt=0, description="Logical CPUs per actor (see RAY_NOTES: leave room for reads)."
+    )
+    actor_num_gpus: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs per actor: a transformer NER (ner_training.kind transformer) runs on the actor's GPU "
+        "when it has one; the spaCy NER and the rules stay on its CPU.",
     )
     batch_size: int = Field(256, ge=1, description="Documents per call of the core extraction function.")
     rows_per_block: int | None = Field(

@@ -333,6 +333,7 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
         batch_size=None,  # whole blocks: the actor slices them into batch_size rows itself
         batch_format="pyarrow",
         num_cpus=ex.actor_num_cpus,
+        num_gpus=ex.actor_num_gpus or None,
         compute=ray.data.ActorPoolStrategy(size=ex.num_actors),
     )
     out = storage.join(storage.absolute(cfg.output_dir), "extracted")

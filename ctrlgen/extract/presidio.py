@@ -157,7 +157,13 @@ def _no_context_enhancer() -> Any:
     return _NoContextEnhancer()
 
 
-def _nlp_engine(spacy_model: str, disable: Sequence[str], ner_only: bool, ner_model: str | None = None) -> Any:
+def _nlp_engine(
+    spacy_model: str,
+    disable: Sequence[str],
+    ner_only: bool,
+    ner_model: str | None = None,
+    o_threshold: float | None = None,
+) -> Any:
     from presidio_analyzer.nlp_engine import NerModelConfiguration, SpacyNlpEngine
 
     cls = _fast_engine_class() if ner_only else SpacyNlpEngine
@@ -175,13 +181,13 @@ def _nlp_engine(spacy_model: str, disable: Sequence[str], ner_only: bool, ner_mo
     )
     # Load the pipeline ourselves: SpacyNlpEngine.load() would try to download a missing one.
     if ner_model:
-        engine.nlp = {"en": load_ner(ner_model)}
+        engine.nlp = {"en": load_ner(ner_model, o_threshold)}
     else:
         engine.nlp = {"en": load_spacy(spacy_model, disable=list(disable))}
     return engine
 
 
-def load_ner(path: str) -> Any:
+def load_ner(path: str, o_threshold: float | None = None) -> Any:
     """A ``ctrlgen train-ner`` pipeline (tokenizer + ner), with a clear error when it is missing."""
     from pathlib import Path
 
@@ -197,7 +203,7 @@ def load_ner(path: str) -> Any:
     from ctrlgen.extract.transformer_ner import is_transformer_model, load_pipeline
 
     if is_transformer_model(p):  # a BIO token classifier, run as a spaCy component that sets doc.ents
-        return load_pipeline(p)
+        return load_pipeline(p, o_threshold=o_threshold)
     return load_spacy(str(p))
 
 
@@ -532,7 +538,9 @@ class PresidioExtractor:
         t0 = time.perf_counter()
         # Without the lemmatizer, lemmas and Presidio's lemma-based context step have nothing to work on.
         ner_only = "lemmatizer" in cfg.spacy_disable
-        self._engine = _nlp_engine(spacy_model, cfg.spacy_disable, ner_only or bool(cfg.ner_model), cfg.ner_model)
+        self._engine = _nlp_engine(
+            spacy_model, cfg.spacy_disable, ner_only or bool(cfg.ner_model), cfg.ner_model, cfg.ner_o_threshold
+        )
         registry = RecognizerRegistry(supported_languages=["en"])
         # read once: DictionaryRecognizer's names and places, and the common words propagation skips
         needed = "DictionaryRecognizer" in cfg.recognizers or cfg.propagate_mentions

@@ -99,6 +99,46 @@ def _rules_section(cv: Any, ner_cfg: ExtractionConfig, deployed: Any) -> str:
     )
 
 
+def _without_ner(cfg: ExtractionConfig) -> ExtractionConfig:
+    """The engine's rules alone: every recognizer but the NER's, spaCy reduced to its tokenizer."""
+    return cfg.model_copy(
+        update={
+            "ner_model": None,
+            "recognizers": [r for r in cfg.recognizers if r != "SpacyRecognizer"],
+            "spacy_disable": sorted({*cfg.spacy_disable, "ner", "lemmatizer"}),
+            "rule_tuning": cfg.rule_tuning.model_copy(update={"enabled": False}),
+        }
+    )
+
+
+def _ner_alone(cfg: ExtractionConfig) -> ExtractionConfig:
+    """The engine's NER alone: no hand-written recognizer, veto, mention propagation or initials."""
+    return cfg.model_copy(
+        update={
+            "recognizers": ["SpacyRecognizer"],
+            "clinical_number_veto": False,
+            "propagate_mentions": False,
+            "expand_initials": False,
+            "rule_tuning": cfg.rule_tuning.model_copy(update={"enabled": False}),
+        }
+    )
+
+
+RULE_SOURCES = ("ctrlgen/extract/recognizers.py", "ctrlgen/extract/presidio.py", "ctrlgen/extract/rules.py")
+
+
+def rules_digest(root: Path | None = None) -> str:
+    """SHA-256 (first 16 hex digits) of the files that hold the hand-written rules: a report names the rule set
+    it measured, and two reports measured the same rules iff their digests agree."""
+    import hashlib
+
+    root = root or Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for rel in RULE_SOURCES:
+        h.update(rel.encode() + b"\0" + (root / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _by_type(gold: list[Document], preds: dict[str, list[Document]]) -> str:
     """Markdown: found / gold per gold type (the corpus' own labels), one column per engine."""
     labels = sorted({e.label for d in gold for e in d.entities})
@@ -163,7 +203,14 @@ def extraction_report(
             clinical[min_age] = PresidioExtractor(run_cfg, cfg.nlp.spacy_model, "direct+quasi")
         return clinical[min_age]
 
-    sections = []
+    def rules_only(gold: list[Document], min_age: int, record: Any) -> None:
+        assert ner_cfg is not None
+        ext = PresidioExtractor(_without_ner(ner_cfg.model_copy(update={"min_age": min_age})), cfg.nlp.spacy_model,
+                                "direct+quasi")  # fmt: skip
+        t0 = time.perf_counter()
+        record("ctrlgen (rules alone, no NER)", ext(gold), time.perf_counter() - t0)
+
+    sections = [f"Hand-written rules measured: digest `{rules_digest()}` of {', '.join(RULE_SOURCES)}.\n"]
     for name, gold in corpora.items():
         scores: dict[str, dict[str, Scores]] = {}
         preds: dict[str, list[Document]] = {}
@@ -187,14 +234,11 @@ def extraction_report(
             record(engine, cv.predicted, cv.seconds_extract)
             # the same fold models (cached: same training settings) with none of the hand-written rules:
             # the part of the figures that is cross-validated through and through
-            alone = ner_cfg.model_copy(update={"recognizers": ["SpacyRecognizer"], "clinical_number_veto": False,
-                                               "propagate_mentions": False, "expand_initials": False,
-                                               "rule_tuning": ner_cfg.rule_tuning.model_copy(
-                                                   update={"enabled": False})})  # fmt: skip
-            cv_alone = cross_validate(gold, alone, NER_CACHE, cfg.nlp.spacy_model)
+            cv_alone = cross_validate(gold, _ner_alone(ner_cfg), NER_CACHE, cfg.nlp.spacy_model)
             record(
                 f"ctrlgen (clinical NER alone, {len(cv.folds)}-fold CV)", cv_alone.predicted, cv_alone.seconds_extract
             )
+            rules_only(gold, ner_cfg.min_age, record)
             rows = ["| fold | patients | notes | gold | predicted | precision % | recall % | typed recall % |",
                     "|---|---|---|---|---|---|---|---|"]  # fmt: skip
             for i, (fg, fp) in enumerate(zip(cv.per_fold, cv.per_fold_pred, strict=True)):
@@ -221,9 +265,15 @@ def extraction_report(
                 record("ctrlgen (clinical NER, all notes: in-sample)", ext(gold), time.perf_counter() - t0)
         elif ner_cfg is not None:
             # trained on all PhysioNet notes; ACI-Bench's metadata counts every age (extraction.min_age)
-            ext = clinical_engine(0 if name.startswith("ACI") else ner_cfg.min_age)
+            min_age = 0 if name.startswith("ACI") else ner_cfg.min_age
+            ext = clinical_engine(min_age)
             t0 = time.perf_counter()
             record("ctrlgen (clinical NER)", ext(gold), time.perf_counter() - t0)
+            if Path(ner_cfg.ner_model or "").is_dir():
+                alone = PresidioExtractor(_ner_alone(ner_cfg), cfg.nlp.spacy_model, "direct+quasi")
+                t0 = time.perf_counter()
+                record("ctrlgen (clinical NER alone)", alone(gold), time.perf_counter() - t0)
+            rules_only(gold, min_age, record)
         t0 = time.perf_counter()
         stock = _stock(gold, cfg.nlp.spacy_model)
         record("stock", stock, time.perf_counter() - t0)

@@ -148,7 +148,9 @@ class TransformerTagger:
     Windows of all notes of a call are sorted by length and run in batches of ``batch_size`` (little padding).
     """
 
-    def __init__(self, path: str | Path, batch_size: int = 32, device: str | None = None) -> None:
+    def __init__(
+        self, path: str | Path, batch_size: int = 32, device: str | None = None, o_threshold: float | None = None
+    ) -> None:
         from ctrlgen.assets import offline_env
 
         offline_env()
@@ -159,6 +161,9 @@ class TransformerTagger:
         self.max_length = int(meta["trained_on"]["max_length"])
         self.stride = int(meta["trained_on"]["stride"])
         self.batch_size = batch_size
+        #: None: each piece takes its most probable tag. A number: a piece whose probability of ``O`` is below it
+        #: takes its most probable other tag (recall for precision: 0.5 and below keep more spans)
+        self.o_threshold = o_threshold
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         self.model = AutoModelForTokenClassification.from_pretrained(str(path), local_files_only=True)
@@ -196,6 +201,11 @@ class TransformerTagger:
             offs = sorted(pieces)
             mean = torch.stack([torch.stack(pieces[o]).mean(0) for o in offs])
             best, idx = mean.max(dim=-1)
+            if self.o_threshold is not None:
+                other_best, other_idx = mean[:, 1:].max(dim=-1)
+                private = mean[:, 0] < math.log(self.o_threshold)
+                best = torch.where(private, other_best, mean[:, 0])
+                idx = torch.where(private, other_idx + 1, torch.zeros_like(idx))
             tags = [BIO[i] for i in idx.tolist()]
             found = []
             for s, e, cat, p in spans_from_tags(offs, tags, best.exp().tolist()):
@@ -293,9 +303,13 @@ def train_transformer_ner(
     pad = tokenizer.pad_token_id or 0
     model.train()
     losses_by_epoch = []
+    last = time.perf_counter()
     for epoch, rows in enumerate(plan):
         total = 0.0
         for i in range(0, len(rows), batch_size):
+            if time.perf_counter() - last > 60:  # progress on long epochs (minutes each on a CPU)
+                last = time.perf_counter()
+                say(f"epoch {epoch + 1}/{epochs}: {i}/{len(rows)} windows ({last - t0:.0f} s)")
             batch = rows[i : i + batch_size]
             ids, mask = _pad([r[0] for r in batch], pad)
             labels, _ = _pad([r[1] for r in batch], pad, fill_labels=True)
@@ -338,9 +352,9 @@ def _register() -> None:
     if Language.has_factory(COMPONENT):
         return
 
-    @Language.factory(COMPONENT, default_config={"path": "", "batch_size": 32})
-    def _make(nlp: Any, name: str, path: str, batch_size: int) -> _SpacyComponent:
-        return _SpacyComponent(TransformerTagger(path, batch_size=batch_size))
+    @Language.factory(COMPONENT, default_config={"path": "", "batch_size": 32, "o_threshold": None})
+    def _make(nlp: Any, name: str, path: str, batch_size: int, o_threshold: float | None) -> _SpacyComponent:
+        return _SpacyComponent(TransformerTagger(path, batch_size=batch_size, o_threshold=o_threshold))
 
 
 class _SpacyComponent:
@@ -362,11 +376,11 @@ class _SpacyComponent:
                 yield doc
 
 
-def load_pipeline(path: str | Path, batch_size: int = 32) -> Any:
+def load_pipeline(path: str | Path, batch_size: int = 32, o_threshold: float | None = None) -> Any:
     """The trained tagger at ``path`` as a spaCy pipeline: English tokenizer + :data:`COMPONENT`."""
     import spacy
 
     _register()
     nlp = spacy.blank("en")
-    nlp.add_pipe(COMPONENT, config={"path": str(path), "batch_size": batch_size})
+    nlp.add_pipe(COMPONENT, config={"path": str(path), "batch_size": batch_size, "o_threshold": o_threshold})
     return nlp

@@ -164,7 +164,9 @@ class ValueIndex:
         for end, i in self._automaton.iter(norm):
             start = end - self._key_len[i] + 1
             if (start == 0 or not _is_word(norm[start - 1])) and (end == last or not _is_word(norm[end + 1])):
-                stands_for = tuple(self._values[j] for j in self._members[self._starts[i] : self._starts[i + 1]].tolist())
+                stands_for = tuple(
+                    self._values[j] for j in self._members[self._starts[i] : self._starts[i + 1]].tolist()
+                )
                 out.append((start, end + 1, norm[start : end + 1], stands_for))
         return out
 

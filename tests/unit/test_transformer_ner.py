@@ -111,6 +111,11 @@ def test_trained_tagger_is_recorded_and_finds_the_names_it_learnt(trained) -> No
     (spans,) = tagger([text])
     assert [(text[s:e], c) for s, e, c, _ in spans] == [("Carol White", "PERSON")]
     assert tagger([]) == [] and tagger([""]) == [[]]
+    # a lower bar for "private": every piece is private below P(O) < 1, a superset of the argmax spans
+    tagger.o_threshold = 1.0
+    (every,) = tagger([text])
+    covered = {i for s, e, _, _ in every for i in range(s, e)}
+    assert all(i in covered for s, e, _, _ in spans for i in range(s, e)) and len(covered) > len("Carol White")
 
 
 def test_the_tagger_drives_the_presidio_engine_as_its_ner(trained) -> None:
