@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["METHODS", "REFERENCE_LABELS", "Method", "of_kind"]
+__all__ = ["METHODS", "REFERENCE_LABELS", "Method", "icl_mode", "of_kind"]
 
 
 @dataclass(frozen=True)
@@ -70,3 +70,11 @@ REFERENCE_LABELS = {"real": "(real train notes)", "base": "(base model, no tunin
 def of_kind(kind: str, methods: list[str] | None = None) -> list[str]:
     """The methods of ``kind`` (in the table's order), among ``methods`` when given."""
     return [m for m, x in METHODS.items() if x.kind == kind and (methods is None or m in methods)]
+
+
+def icl_mode(method: str) -> str:
+    """The generation mode of an ICL method (``ValueError`` for a method of another kind)."""
+    m = METHODS[method]
+    if m.kind != "icl" or m.mode is None:
+        raise ValueError(f"{method} is not an ICL method with a generation mode")
+    return m.mode

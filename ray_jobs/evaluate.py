@@ -450,8 +450,10 @@ def run(cfg: CtrlgenConfig) -> EvaluateSummary:
     shards = shard_references(references, storage.join(out, "references"), e.num_shards, finetune_ids=ids,
                               referenced=generated, rouge_sample=e.rouge_finetune_sample)  # fmt: skip
     if shards.rouge_rate < 1.0:
-        _say(f"fine-tuning outputs' ROUGE over a seeded sample of the fine-tuning references (rate "
-             f"{shards.rouge_rate:.4f}, about {e.rouge_finetune_sample} documents)")
+        _say(
+            f"fine-tuning outputs' ROUGE over a seeded sample of the fine-tuning references (rate "
+            f"{shards.rouge_rate:.4f}, about {e.rouge_finetune_sample} documents)"
+        )
     actors = e.num_actors or default_actors()
     _say(f"scoring {gen} with {actors} actors")
     metrics = evaluate(generated, shards, storage.join(out, "records"), actors)

@@ -53,12 +53,12 @@ import pyarrow.parquet as pq
 from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import CtrlgenError
-from ctrlgen.methods import METHODS, of_kind
+from ctrlgen.methods import METHODS, icl_mode, of_kind
 
 __all__ = ["ExperimentSummary", "main", "run"]
 
 _DOC_COLUMNS = ["doc_id", "text", "metadata", "entities", "control_code"]
-_ICL_METHOD = {METHODS[m].mode: m for m in of_kind("icl")}  # generation mode -> its ICL method
+_ICL_METHOD = {icl_mode(m): m for m in of_kind("icl")}  # generation mode -> its ICL method
 _ROWS_PER_FILE = 100_000  # a split's files gather at least this many notes (400 files at 200k notes without)
 _ATTACK_BATCH = 64  # records per semantic-attack batch
 
@@ -616,7 +616,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
         train_seed = seed if x.train_per_seed else x.seeds[0]
         for setting in settings:
             runs: list[tuple[list[str], Path | None]] = []
-            icl_modes = [METHODS[m].mode or m for m in of_kind("icl", x.methods)
+            icl_modes = [icl_mode(m) for m in of_kind("icl", x.methods)
                          if not (m == "baseline" and seed in baseline_setting)]  # fmt: skip
             if "baseline" in icl_modes:
                 baseline_setting[seed] = setting

@@ -106,6 +106,8 @@ class ValueIndex:
         import ahocorasick
         import numpy as np
 
+        from ctrlgen.metrics.rouge import distinct_pairs
+
         # Streamed (no dict of every key's value set, which at a million values is most of the build's memory):
         # each value's variant keys go into the automaton once (the key's number is its value there), and each
         # (key, value) pair into two integer arrays.
@@ -133,11 +135,7 @@ class ValueIndex:
         del norms, ordered
         keys = np.frombuffer(pair_key, dtype=np.int32) if pair_key else np.zeros(0, dtype=np.int32)
         vals = position[np.frombuffer(pair_value, dtype=np.int32)] if pair_value else np.zeros(0, dtype=np.int32)
-        order = np.lexsort((vals, keys))
-        keys, vals = keys[order], vals[order]
-        first = np.ones(len(keys), dtype=bool)
-        first[1:] = (keys[1:] != keys[:-1]) | (vals[1:] != vals[:-1])
-        keys, vals = keys[first], vals[first]
+        keys, vals, _ = distinct_pairs(keys, vals)
         # key i stands for the values self._values[members[starts[i]:starts[i + 1]]] (in value order)
         self._members = vals
         self._starts = np.searchsorted(keys, np.arange(len(self._key_len) + 1)).astype(np.int64)

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RougeBest", "RougeIndex", "lcs_length", "rouge_pair", "tokenize"]
+__all__ = ["RougeBest", "RougeIndex", "distinct_pairs", "lcs_length", "rouge_pair", "tokenize"]
 
 
 @functools.cache
@@ -115,6 +115,23 @@ def lcs_length(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
     return len(b) - bin(v).count("1")
 
 
+def distinct_pairs(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (key, value) pairs of two equal-length arrays, sorted by key then value, and how many times
+    each occurs.
+
+    Example:
+        >>> k, v, n = distinct_pairs(np.array([2, 1, 2, 2]), np.array([5, 7, 5, 3]))
+        >>> k.tolist(), v.tolist(), n.tolist()
+        ([1, 2, 2], [7, 3, 5], [1, 1, 2])
+    """
+    order = np.lexsort((vals, keys))
+    k, v = keys[order], vals[order]
+    first = np.ones(len(k), dtype=bool)
+    first[1:] = (k[1:] != k[:-1]) | (v[1:] != v[:-1])
+    at = np.flatnonzero(first)
+    return k[at], v[at], np.diff(np.append(at, len(k)))
+
+
 class _Inverted:
     """Integer key -> postings (reference ids, counts) in flat arrays sorted by key, plus per-reference totals.
 
@@ -145,14 +162,8 @@ class _Inverted:
             if vocab is not None:  # bigrams within one reference
                 same = refs[:-1] == refs[1:]
                 seg, refs = (seg[:-1] * vocab + seg[1:])[same], refs[:-1][same]
-            order = np.lexsort((refs, seg))  # by key, then reference
-            k, r = seg[order], refs[order]
-            first = np.ones(len(k), dtype=bool)
-            first[1:] = (k[1:] != k[:-1]) | (r[1:] != r[:-1])
-            at = np.flatnonzero(first)
-            parts.append(
-                (k[at] if vocab is not None else k[at].astype(flat.dtype), r[at], np.diff(np.append(at, len(k))))
-            )
+            k, r, c = distinct_pairs(seg, refs)
+            parts.append((k if vocab is not None else k.astype(flat.dtype), r, c))
             a = b
         totals = lens if vocab is None else np.maximum(lens - 1, 0)
         keys = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64 if vocab else flat.dtype)

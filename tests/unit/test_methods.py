@@ -37,3 +37,11 @@ def test_the_config_accepts_the_tables_methods_and_names_them_when_one_is_unknow
     assert set(METHOD_LABELS) == set(METHODS) | set(REFERENCE_LABELS)
     with pytest.raises((ConfigError, ValueError), match="prefix_dp4.*input_value=.prefix_dp2."):
         CtrlgenConfig.model_validate({"experiment": {"methods": ["icl", "prefix_dp2"]}})
+
+
+def test_icl_mode_of_every_icl_method_and_none_other() -> None:
+    from ctrlgen.methods import icl_mode
+
+    assert [icl_mode(m) for m in of_kind("icl")] == ["baseline", "icl", "icl_blocking"]
+    with pytest.raises(ValueError, match="not an ICL method"):
+        icl_mode("prefix_masked")
