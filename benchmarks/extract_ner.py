@@ -7,9 +7,12 @@ against PhysioNet's deid tool on the same notes. Writes its section of docs/benc
 3. The Ray Data extraction job with the clinical-NER engine over the PhysioNet notes repeated
    R times (a generic JSONL corpus), 2 actors on this 2-core machine: notes/s per core =
    notes / (actors x job seconds), cluster start-up excluded (a first small job warms it).
+4. When the transformer NER of configs/extract_physionet_transformer.yaml is trained: the same
+   one-core loop and Ray job (the notes once) with it, for the trade-off of its recall against its speed.
 
-    .venv/bin/ctrlgen train-ner -c configs/extract_physionet_ner.yaml   # the NER, once (cached)
-    .venv/bin/python benchmarks/extract_ner.py                           # about 5 minutes here
+    .venv/bin/ctrlgen train-ner -c configs/extract_physionet_ner.yaml          # the NER, once (cached)
+    .venv/bin/ctrlgen train-ner -c configs/extract_physionet_transformer.yaml  # optional: ~11 min
+    .venv/bin/python benchmarks/extract_ner.py                                 # about 5 (10) minutes here
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from ctrlgen.extract.deid_tool import run_deid  # noqa: E402
 from ctrlgen.extract.presidio import PresidioExtractor  # noqa: E402
 
 CONFIG = ROOT / "configs" / "extract_physionet_ner.yaml"
+TRANSFORMER = ROOT / "configs" / "extract_physionet_transformer.yaml"
 PHYSIONET = ROOT / ".." / "shared" / "data" / "physionet-deid"
 DEID = ROOT / ".." / "shared" / "tools" / "physionet-deid"
 TARGET = 100.0  # notes/s per core (issue 17)
@@ -53,10 +57,22 @@ def main() -> int:
         _say(f"no trained NER at {ex.ner_model}: run `ctrlgen train-ner -c {CONFIG.relative_to(ROOT)}` first")
         return 2
     docs = load_corpus(PhysionetCorpusConfig(path=str(PHYSIONET), identifiers="direct+quasi"))[0]
+    tcfg = load_config(str(TRANSFORMER), [f"corpus.path={PHYSIONET}"])
+    with_transformer = (
+        bool(tcfg.extraction.ner_model) and (ROOT / str(tcfg.extraction.ner_model) / "ctrlgen_ner.json").is_file()
+    )
+    if not with_transformer:
+        _say(f"no trained transformer NER ({TRANSFORMER.relative_to(ROOT)}): its rows are left out")
+    import torch
+
+    torch.set_num_threads(1)  # one core, as the Ray actors (OMP_NUM_THREADS = their 1 CPU)
 
     # 1. One core.
     loop = {}
-    for name, ecfg in (("clinical NER", ex), ("general NER", ExtractionConfig(setting="unknown"))):
+    engines = [("clinical NER", ex), ("general NER", ExtractionConfig(setting="unknown"))]
+    if with_transformer:
+        engines.append(("transformer NER", tcfg.extraction))
+    for name, ecfg in engines:
         ext = PresidioExtractor(ecfg, cfg.nlp.spacy_model, "direct+quasi")
         ext(docs[:32])  # warm
         t0 = time.perf_counter()
@@ -76,27 +92,34 @@ def main() -> int:
     from ray_jobs.extract import run as run_extract
     from ray_jobs.runtime import init_ray
 
-    with tempfile.TemporaryDirectory() as tmp:
-        corpus = Path(tmp) / "notes.jsonl"
+    def ray_job(config: Path, repeat: int, tmp: str) -> tuple[int, float]:
+        corpus = Path(tmp) / f"notes-{repeat}.jsonl"
         with corpus.open("w", encoding="utf-8") as f:
-            for r in range(args.repeat):
+            for r in range(repeat):
                 for d in docs:
                     f.write(json.dumps({"id": f"{d.doc_id}-r{r}", "text": d.text}) + "\n")
-        n = len(docs) * args.repeat
+        n = len(docs) * repeat
         over = [f"corpus.path={corpus}", "corpus.format=generic", "corpus.text_column=text", "corpus.id_column=id",
                 "corpus.identifiers=direct+quasi", "extraction.num_actors=2", "ray.num_cpus=4"]  # fmt: skip
-        job_cfg = load_config(str(CONFIG), [*over, f"output_dir={tmp}/out"])
+        job_cfg = load_config(str(config), [*over, f"output_dir={tmp}/out-{config.stem}"])
         init_ray(job_cfg)
-        warm = load_config(str(CONFIG), [*over, f"output_dir={tmp}/warm", "corpus.limit=64"])
+        warm = load_config(str(config), [*over, f"output_dir={tmp}/warm", "corpus.limit=64"])
         run_extract(warm)  # the cluster's first Ray Data run starts its coordinator actors
         t0 = time.perf_counter()
         summary = run_extract(job_cfg)
         job_s = time.perf_counter() - t0
+        if summary.documents + summary.quarantined != n:
+            raise SystemExit(f"the job wrote {summary.documents} + {summary.quarantined} rows for {n} notes")
+        _say(
+            f"Ray job ({config.stem}): {n} notes in {job_s:.1f} s with 2 actors: {n / (2 * job_s):.1f} notes/s per core"
+        )
+        return n, job_s
+
+    with tempfile.TemporaryDirectory() as tmp:
+        n, job_s = ray_job(CONFIG, args.repeat, tmp)
+        t_n, t_s = ray_job(TRANSFORMER, 1, tmp) if with_transformer else (0, 0.0)
         ray.shutdown()
-    if summary.documents + summary.quarantined != n:
-        raise SystemExit(f"the job wrote {summary.documents} + {summary.quarantined} rows for {n} notes")
     per_core = n / (2 * job_s)
-    _say(f"Ray job: {n} notes in {job_s:.1f} s with 2 actors: {per_core:.1f} notes/s per core")
 
     body = (
         f"Command: `.venv/bin/python benchmarks/extract_ner.py` (started {started} UTC; 2 cores; the NER of "
@@ -108,10 +131,26 @@ def main() -> int:
         f"{loop['general NER'] / deid_rate:.1f}x | {loop['general NER'] / TARGET:.2f} |\n"
         f"| Ray Data job, clinical NER, 2 actors | {n:,} | **{per_core:.1f}** | {per_core / deid_rate:.1f}x | "
         f"**{per_core / TARGET:.2f}** |\n"
-        f"| PhysioNet deid tool (Perl), one core | {len(sub):,} | {deid_rate:.1f} | 1.0x | {deid_rate / TARGET:.2f} |\n\n"
+        + (
+            f"| one core, transformer NER engine | {len(docs):,} | {loop['transformer NER']:.1f} | "
+            f"{loop['transformer NER'] / deid_rate:.1f}x | {loop['transformer NER'] / TARGET:.2f} |\n"
+            f"| Ray Data job, transformer NER, 2 actors | {t_n:,} | {t_n / (2 * t_s):.1f} | "
+            f"{t_n / (2 * t_s) / deid_rate:.1f}x | {t_n / (2 * t_s) / TARGET:.2f} |\n"
+            if with_transformer
+            else ""
+        )
+        + f"| PhysioNet deid tool (Perl), one core | {len(sub):,} | {deid_rate:.1f} | 1.0x | {deid_rate / TARGET:.2f} |\n\n"
         f"Ray job: {n:,} notes (the PhysioNet notes {args.repeat} times over, a generic JSONL corpus) in "
         f"{job_s:.1f} s, reading, extraction and writing included, cluster start-up excluded; per core = notes / "
-        "(2 actors x job seconds). Loops: models loaded and warmed before the clock starts.\n"
+        "(2 actors x job seconds). Loops: models loaded and warmed before the clock starts"
+        + (
+            "; the transformer NER (configs/extract_physionet_transformer.yaml: MiniLM, 6 layers, windows of "
+            f"{tcfg.extraction.ner_training.max_length} word pieces) on one torch thread, its Ray job over the notes "
+            "once. Its recall against the spaCy NER's: docs/extraction_transformer.md beside docs/extraction.md"
+            if with_transformer
+            else ""
+        )
+        + ".\n"
     )
     write_section("Entity extraction: the clinical-NER engine vs the deid tool", body)
     return 0
