@@ -440,12 +440,15 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     from ctrlgen.extract.report import extraction_report
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else []
+    also = [load_config(p.strip()) for p in (args.also or "").split(",") if p.strip()]
     body = extraction_report(
-        cfg, Path(args.physionet), Path(args.tab), args.limit, args.deid, Path(args.aci) if args.aci else None, seeds
-    )
+        cfg, Path(args.physionet), Path(args.tab), args.limit, args.deid, Path(args.aci) if args.aci else None, seeds,
+        also,
+    )  # fmt: skip
     ex = cfg.extraction
     command = "ctrlgen extract-report" + (f" -c {args.config}" if args.config else "") + (
-        f" --limit {args.limit}" if args.limit else "") + (f" --seeds {args.seeds}" if args.seeds else "")  # fmt: skip
+        f" --limit {args.limit}" if args.limit else "") + (f" --seeds {args.seeds}" if args.seeds else "") + (
+        f" --also {args.also}" if args.also else "")  # fmt: skip
     head = _REPORT_HEAD.format(
         command=command,
         spacy=cfg.nlp.spacy_model,
@@ -717,6 +720,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             sp.add_argument("--seeds", default="",
                             help="More NER training seeds, comma-separated (e.g. 1,2): the pooled CV figures of "
                             "each beside the configured seed's, with mean and sd (trains k NERs per seed).")  # fmt: skip
+            sp.add_argument("--also", default="",
+                            help="Configs of other trained NERs, comma-separated (e.g. "
+                            "configs/extract_physionet_transformer.yaml): their engines scored beside this one's.")  # fmt: skip
         if name == "config":
             sp.add_argument("--describe", action="store_true", help="Every field: value, type and description.")
             sp.add_argument("--markdown", action="store_true", help="The field reference as Markdown (the docs page).")

@@ -139,6 +139,22 @@ def rules_digest(root: Path | None = None) -> str:
     return h.hexdigest()[:16]
 
 
+def ner_label(cfg: ExtractionConfig) -> str:
+    """The report's name of a config's trained NER."""
+    return "transformer NER" if cfg.ner_training.kind == "transformer" else "clinical NER"
+
+
+def _fold_table(engine: str, cv: Any) -> str:
+    rows = ["| fold | patients | notes | gold | predicted | precision % | recall % | typed recall % |",
+            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for i, (fg, fp) in enumerate(zip(cv.per_fold, cv.per_fold_pred, strict=True)):
+        a = span_scores(fg, fp)["ALL"]
+        rows.append(f"| {i + 1} | {len(cv.folds[i])} | {len(fg)} | {a.gold} | {a.predicted} | "
+                    f"{100 * a.precision:.1f} | {100 * a.recall:.1f} | {100 * a.typed_recall:.1f} |")  # fmt: skip
+    return (f"\n{engine}, per fold (each fold's notes extracted by the NER trained on the other "
+            f"folds' patients; pooled figures above):\n\n" + "\n".join(rows) + "\n")  # fmt: skip
+
+
 def _by_type(gold: list[Document], preds: dict[str, list[Document]]) -> str:
     """Markdown: found / gold per gold type (the corpus' own labels), one column per engine."""
     labels = sorted({e.label for d in gold for e in d.entities})
@@ -166,8 +182,12 @@ def extraction_report(
     deid: str | None = None,
     aci: Path | None = None,
     seeds: Sequence[int] = (),
+    also: Sequence[CtrlgenConfig] = (),
 ) -> str:
     """Score the engines on each corpus; return the Markdown body of docs/extraction.md.
+
+    ``also``: configs of other trained NERs (e.g. the transformer's) whose engines are scored beside this
+    config's the same way (cross-validated on PhysioNet, NER alone, all-notes model on the other corpora).
 
     Engines: ctrlgen with the general spaCy NER (the default recognizers); when
     ``extraction.ner_model`` is set, ctrlgen with the clinical NER, cross-validated by patient
@@ -193,20 +213,18 @@ def extraction_report(
             AciCorpusConfig(path=str(aci), identifiers="direct+quasi", limit=limit)
         )[0]
     general = PresidioExtractor(ExtractionConfig(setting="unknown"), cfg.nlp.spacy_model, "direct+quasi")
-    ner_cfg = cfg.extraction.model_copy(update={"setting": "unknown"}) if cfg.extraction.ner_model else None
-    clinical: dict[int, PresidioExtractor] = {}  # the all-notes NER engine, one per min_age, loaded once
+    ner_cfgs = [c.extraction.model_copy(update={"setting": "unknown"}) for c in [cfg, *also] if c.extraction.ner_model]
+    clinical: dict[tuple[int, int], PresidioExtractor] = {}  # an all-notes NER engine per (config, min_age), once
 
-    def clinical_engine(min_age: int) -> PresidioExtractor:
-        assert ner_cfg is not None
-        if min_age not in clinical:
-            run_cfg = ner_cfg.model_copy(update={"min_age": min_age})
-            clinical[min_age] = PresidioExtractor(run_cfg, cfg.nlp.spacy_model, "direct+quasi")
-        return clinical[min_age]
+    def clinical_engine(i: int, min_age: int) -> PresidioExtractor:
+        if (i, min_age) not in clinical:
+            run_cfg = ner_cfgs[i].model_copy(update={"min_age": min_age})
+            clinical[i, min_age] = PresidioExtractor(run_cfg, cfg.nlp.spacy_model, "direct+quasi")
+        return clinical[i, min_age]
 
     def rules_only(gold: list[Document], min_age: int, record: Any) -> None:
-        assert ner_cfg is not None
-        ext = PresidioExtractor(_without_ner(ner_cfg.model_copy(update={"min_age": min_age})), cfg.nlp.spacy_model,
-                                "direct+quasi")  # fmt: skip
+        ext = PresidioExtractor(_without_ner(ner_cfgs[0].model_copy(update={"min_age": min_age})),
+                                cfg.nlp.spacy_model, "direct+quasi")  # fmt: skip
         t0 = time.perf_counter()
         record("ctrlgen (rules alone, no NER)", ext(gold), time.perf_counter() - t0)
 
@@ -227,53 +245,53 @@ def extraction_report(
 
         t0 = time.perf_counter()
         record("ctrlgen (general NER)", general(gold), time.perf_counter() - t0)
-        if ner_cfg is not None and name.startswith("PhysioNet"):
-            cv = cross_validate(gold, ner_cfg, NER_CACHE, cfg.nlp.spacy_model)
-            tuned = ", rules chosen in-fold" if cv.rules else ""
-            engine = f"ctrlgen (clinical NER, {len(cv.folds)}-fold CV{tuned})"
-            record(engine, cv.predicted, cv.seconds_extract)
-            # the same fold models (cached: same training settings) with none of the hand-written rules:
-            # the part of the figures that is cross-validated through and through
-            cv_alone = cross_validate(gold, _ner_alone(ner_cfg), NER_CACHE, cfg.nlp.spacy_model)
-            record(
-                f"ctrlgen (clinical NER alone, {len(cv.folds)}-fold CV)", cv_alone.predicted, cv_alone.seconds_extract
-            )
-            rules_only(gold, ner_cfg.min_age, record)
-            rows = ["| fold | patients | notes | gold | predicted | precision % | recall % | typed recall % |",
-                    "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-            for i, (fg, fp) in enumerate(zip(cv.per_fold, cv.per_fold_pred, strict=True)):
-                a = span_scores(fg, fp)["ALL"]
-                rows.append(f"| {i + 1} | {len(cv.folds[i])} | {len(fg)} | {a.gold} | {a.predicted} | "
-                            f"{100 * a.precision:.1f} | {100 * a.recall:.1f} | {100 * a.typed_recall:.1f} |")  # fmt: skip
-            extra += (f"\n{engine}, per fold (each fold's notes extracted by the NER trained on the other "
-                      f"folds' patients; pooled figures above):\n\n" + "\n".join(rows) + "\n")  # fmt: skip
-            if cv.rules:
-                from ctrlgen.extract.crossval import choose_rules
+        for i, ncfg in enumerate(ner_cfgs):
+            label = ner_label(ncfg)
+            if name.startswith("PhysioNet"):
+                cv = cross_validate(gold, ncfg, NER_CACHE, cfg.nlp.spacy_model)
+                tuned = ", rules chosen in-fold" if cv.rules else ""
+                engine = f"ctrlgen ({label}, {len(cv.folds)}-fold CV{tuned})"
+                record(engine, cv.predicted, cv.seconds_extract)
+                # the same fold models (cached: same training settings) with none of the hand-written rules:
+                # the part of the figures that is cross-validated through and through
+                cv_alone = cross_validate(gold, _ner_alone(ncfg), NER_CACHE, cfg.nlp.spacy_model)
+                record(
+                    f"ctrlgen ({label} alone, {len(cv.folds)}-fold CV)", cv_alone.predicted, cv_alone.seconds_extract
+                )
+                if i == 0:
+                    rules_only(gold, ncfg.min_age, record)
+                    extra += _fold_table(engine, cv)
+                    if cv.rules:
+                        from ctrlgen.extract.crossval import choose_rules
 
-                # the deployed engine (the NER trained on every note) gets the rules the same selection
-                # chooses on all notes, each scored by the outer fold model that did not see it
-                pairs = list(zip(cv.models, cv.per_fold, strict=True))
-                deployed = choose_rules(pairs, ner_cfg, "direct+quasi", "all notes")
-                extra += _rules_section(cv, ner_cfg, deployed)
-            if seeds:
-                extra += _seed_spread(gold, ner_cfg, cv.predicted, seeds, cfg.nlp.spacy_model)
-            if Path(ner_cfg.ner_model or "").is_dir():
-                # the model `make setup` trains on every note, on those same notes: what the experiment's
-                # unknown setting runs on this corpus (in-sample, not a quality figure)
-                ext = clinical_engine(ner_cfg.min_age)
+                        # the deployed engine (the NER trained on every note) gets the rules the same selection
+                        # chooses on all notes, each scored by the outer fold model that did not see it
+                        pairs = list(zip(cv.models, cv.per_fold, strict=True))
+                        deployed = choose_rules(pairs, ncfg, "direct+quasi", "all notes")
+                        extra += _rules_section(cv, ncfg, deployed)
+                    if seeds:
+                        extra += _seed_spread(gold, ncfg, cv.predicted, seeds, cfg.nlp.spacy_model)
+                else:
+                    extra += _fold_table(engine, cv)
+                if Path(ncfg.ner_model or "").is_dir():
+                    # the model trained on every note, on those same notes: what the unknown setting runs on
+                    # this corpus (in-sample, not a quality figure)
+                    ext = clinical_engine(i, ncfg.min_age)
+                    t0 = time.perf_counter()
+                    record(f"ctrlgen ({label}, all notes: in-sample)", ext(gold), time.perf_counter() - t0)
+            else:
+                # trained on all PhysioNet notes; ACI-Bench's metadata counts every age (extraction.min_age)
+                min_age = 0 if name.startswith("ACI") else ncfg.min_age
+                ext = clinical_engine(i, min_age)
                 t0 = time.perf_counter()
-                record("ctrlgen (clinical NER, all notes: in-sample)", ext(gold), time.perf_counter() - t0)
-        elif ner_cfg is not None:
-            # trained on all PhysioNet notes; ACI-Bench's metadata counts every age (extraction.min_age)
-            min_age = 0 if name.startswith("ACI") else ner_cfg.min_age
-            ext = clinical_engine(min_age)
-            t0 = time.perf_counter()
-            record("ctrlgen (clinical NER)", ext(gold), time.perf_counter() - t0)
-            if Path(ner_cfg.ner_model or "").is_dir():
-                alone = PresidioExtractor(_ner_alone(ner_cfg), cfg.nlp.spacy_model, "direct+quasi")
-                t0 = time.perf_counter()
-                record("ctrlgen (clinical NER alone)", alone(gold), time.perf_counter() - t0)
-            rules_only(gold, min_age, record)
+                record(f"ctrlgen ({label})", ext(gold), time.perf_counter() - t0)
+                if Path(ncfg.ner_model or "").is_dir():
+                    alone = PresidioExtractor(_ner_alone(ncfg.model_copy(update={"min_age": min_age})),
+                                              cfg.nlp.spacy_model, "direct+quasi")  # fmt: skip
+                    t0 = time.perf_counter()
+                    record(f"ctrlgen ({label} alone)", alone(gold), time.perf_counter() - t0)
+                if i == 0:
+                    rules_only(gold, min_age, record)
         t0 = time.perf_counter()
         stock = _stock(gold, cfg.nlp.spacy_model)
         record("stock", stock, time.perf_counter() - t0)

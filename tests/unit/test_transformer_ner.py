@@ -150,3 +150,41 @@ def test_cache_keys_of_the_two_kinds() -> None:
     )
     with pytest.raises(ValueError, match="stride"):
         NerTrainingConfig(kind="transformer", max_length=32, stride=30)
+
+
+def test_the_report_scores_the_transformer_beside_the_spacy_ner(tmp_path, shared, tiny_encoder, monkeypatch) -> None:
+    """extract-report with a spaCy NER config and, beside it (``also``), a transformer config: each cross-validated
+    on PhysioNet with its NER-alone row, both on TAB and ACI-Bench, and the rules alone once per corpus."""
+    from ctrlgen.config import load_config
+    from ctrlgen.corpora import load_corpus
+    from ctrlgen.extract import report
+    from ctrlgen.extract.ner import train_ner
+
+    tool = shared.parent / "tools" / "physionet-deid"
+    monkeypatch.setattr(report, "NER_CACHE", tmp_path / "cache")
+    common = ["extraction.setting=unknown", "extraction.ner_training.epochs=1", "extraction.ner_training.folds=2",
+              "extraction.ner_training.workers=1", "extraction.ner_training.augment_share=0",
+              f"corpus.path={shared / 'physionet-deid'}", "corpus.format=physionet", "corpus.limit=150",
+              f"extraction.name_lists={tool / 'lists'}", f"extraction.common_words={tool / 'dict'}",
+              "extraction.recognizers=[SpacyRecognizer,ClinicalDateRecognizer,AgeRecognizer]"]  # fmt: skip
+    spacy_cfg = load_config(None, [*common, f"extraction.ner_model={tmp_path / 'spacy'}",
+                                   "extraction.ner_training.width=32", "extraction.ner_training.depth=1"])  # fmt: skip
+    tf_cfg = load_config(None, [*common, f"extraction.ner_model={tmp_path / 'tf'}",
+                                "extraction.ner_training.kind=transformer", f"extraction.ner_training.encoder={tiny_encoder}",
+                                "extraction.ner_training.max_length=64", "extraction.ner_training.stride=8"])  # fmt: skip
+    docs = load_corpus(spacy_cfg.corpus)[0]
+    train_ner(docs, tmp_path / "spacy", epochs=1, width=32, depth=1, log=lambda m: None)
+    train_transformer_ner(docs, tmp_path / "tf", tiny_encoder, epochs=1, max_length=64, stride=8, log=lambda m: None)
+    body = report.extraction_report(spacy_cfg, shared / "physionet-deid", shared / "tab", limit=150, deid=None,
+                                    aci=shared / "aci-bench" / "valid.csv", also=[tf_cfg])  # fmt: skip
+    assert f"digest `{report.rules_digest()}`" in body
+    physionet, tab, aci = body.split("### ")[1:]
+    for row in ("ctrlgen (clinical NER, 2-fold CV)", "ctrlgen (clinical NER alone, 2-fold CV)",
+                "ctrlgen (transformer NER, 2-fold CV)", "ctrlgen (transformer NER alone, 2-fold CV)",
+                "ctrlgen (transformer NER, all notes: in-sample)", "ctrlgen (rules alone, no NER)"):  # fmt: skip
+        assert f"| {row} | ALL |" in physionet, row
+    for section in (tab, aci):
+        for row in ("ctrlgen (clinical NER)", "ctrlgen (transformer NER)", "ctrlgen (transformer NER alone)",
+                    "ctrlgen (rules alone, no NER)"):  # fmt: skip
+            assert f"| {row} | ALL |" in section, row
+    assert physionet.count("ctrlgen (rules alone, no NER) | ALL") == 1
