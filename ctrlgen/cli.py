@@ -350,7 +350,7 @@ Engines:
 - **ctrlgen (general NER)**: Presidio `AnalyzerEngine` with the spaCy pipeline `{spacy}` given
   explicitly (NER only), spaCy's general NER plus ctrlgen's default recognizers (the unknown
   setting's engine without a trained NER).
-- **ctrlgen (clinical NER)** (when the config names `extraction.ner_model`): the same engine with
+- **ctrlgen ({ner_label})** (when the config names `extraction.ner_model`): the same engine with
   {architecture} trained on gold spans by `ctrlgen train-ner` (ctrlgen's categories as labels;
   training spans swapped for surrogate names, places and digits from general lists in
   {augment:.0%} of the documents per epoch; {epochs} epochs, seed {seed}{saved}) and the recognizers
@@ -385,7 +385,7 @@ Engines:
   companies; in these three corpora the clinical engine finds the same entities with and without them
   (checked entity for entity), so the figures below do not measure them
   (tests/unit/test_clinical_ner.py runs them on a discharge summary's layout).
-- **stock**: `AnalyzerEngine` with the same spaCy pipeline (all components), all predefined
+{also_engines}- **stock**: `AnalyzerEngine` with the same spaCy pipeline (all components), all predefined
   recognizers, threshold 0.
 - **deid tool**: PhysioNet's `deid` (Perl, 2008) with its general lists and its corpus-specific
   lists switched off (`deid-unknown.config`), run on the same notes in the same run. It outputs
@@ -436,8 +436,18 @@ def cmd_train_ner(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _ner_architecture(cfg: CtrlgenConfig) -> str:
+    h = cfg.extraction.ner_training
+    if h.kind == "transformer":
+        return (f"the {h.encoder} encoder fine-tuned as a BIO token classifier (windows of {h.max_length} word pieces "
+                f"overlapping by {h.stride}, learning rate {h.learning_rate:g}, batches of {h.batch_size} windows)")  # fmt: skip
+    if h.width is None:
+        return f"{cfg.nlp.spacy_model}'s NER fine-tuned"
+    return f"a fresh NER (tok2vec width {h.width}, depth {h.depth}) on {cfg.nlp.spacy_model}'s tokenizer"
+
+
 def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
-    from ctrlgen.extract.report import extraction_report
+    from ctrlgen.extract.report import extraction_report, ner_label
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else []
     also = [load_config(p.strip()) for p in (args.also or "").split(",") if p.strip()]
@@ -463,14 +473,22 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
         saved=""
         if ex.ner_training.kind == "transformer"
         else "; the weights saved are the optimizer's running averages, as `spacy train` saves them",
-        architecture=f"the {ex.ner_training.encoder} encoder fine-tuned as a BIO token classifier (windows of "
-        f"{ex.ner_training.max_length} word pieces overlapping by {ex.ner_training.stride}, learning rate "
-        f"{ex.ner_training.learning_rate:g}, batches of {ex.ner_training.batch_size} windows)"
-        if ex.ner_training.kind == "transformer"
-        else f"{cfg.nlp.spacy_model}'s NER fine-tuned"
-        if ex.ner_training.width is None
-        else f"a fresh NER (tok2vec width {ex.ner_training.width}, depth {ex.ner_training.depth}) on "
-        f"{cfg.nlp.spacy_model}'s tokenizer",
+        architecture=_ner_architecture(cfg),
+        ner_label=ner_label(ex),
+        also_engines="".join(
+            f"- **ctrlgen ({ner_label(o.extraction)})** (`--also {path.strip()}`): the same engine with "
+            f"{_ner_architecture(o)} ({o.extraction.ner_training.epochs} epochs, seed {o.extraction.ner_training.seed}, "
+            f"surrogates in {o.extraction.ner_training.augment_share:.0%} of the documents per epoch), the recognizers "
+            f"{', '.join(o.extraction.recognizers)}, score threshold {o.extraction.score_threshold}; cross-validated "
+            f"and split into NER alone the same way"
+            + (
+                ", rules chosen in-fold"
+                if o.extraction.rule_tuning.enabled
+                else ", the rules run as configured (no in-fold selection)"
+            )
+            + ".\n"
+            for o, path in zip(also, [p for p in (args.also or "").split(",") if p.strip()], strict=True)
+        ),
     )
     Path(args.out).write_text(head + body)
     print(body)

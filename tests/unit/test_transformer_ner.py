@@ -175,8 +175,22 @@ def test_the_report_scores_the_transformer_beside_the_spacy_ner(tmp_path, shared
     docs = load_corpus(spacy_cfg.corpus)[0]
     train_ner(docs, tmp_path / "spacy", epochs=1, width=32, depth=1, log=lambda m: None)
     train_transformer_ner(docs, tmp_path / "tf", tiny_encoder, epochs=1, max_length=64, stride=8, log=lambda m: None)
-    body = report.extraction_report(spacy_cfg, shared / "physionet-deid", shared / "tab", limit=150, deid=None,
-                                    aci=shared / "aci-bench" / "valid.csv", also=[tf_cfg])  # fmt: skip
+    import yaml
+
+    from ctrlgen.cli import main
+
+    paths = []
+    for name, c in (("spacy", spacy_cfg), ("tf", tf_cfg)):
+        paths.append(tmp_path / f"{name}.yaml")
+        paths[-1].write_text(yaml.safe_dump(c.model_dump(mode="json", exclude_none=True)))
+    out = tmp_path / "extraction.md"
+    assert main(["extract-report", "-c", str(paths[0]), "--also", str(paths[1]), "--limit", "150", "--deid", "",
+                 "--out", str(out), "--physionet", str(shared / "physionet-deid"), "--tab", str(shared / "tab"),
+                 "--aci", str(shared / "aci-bench" / "valid.csv")]) == 0  # fmt: skip
+    head, body = out.read_text().split("Hand-written rules measured", 1)
+    assert "- **ctrlgen (clinical NER)**" in head and f"- **ctrlgen (transformer NER)** (`--also {paths[1]}`)" in head
+    assert "BIO token classifier (windows of 64 word pieces overlapping by 8" in head
+    body = "Hand-written rules measured" + body
     assert f"digest `{report.rules_digest()}`" in body
     physionet, tab, aci = body.split("### ")[1:]
     for row in ("ctrlgen (clinical NER, 2-fold CV)", "ctrlgen (clinical NER alone, 2-fold CV)",
