@@ -279,8 +279,13 @@ class ShardScorer:
         if not storage.is_dir(d):
             return {}
         files = storage.parquet_files(d)
-        rows = storage.dataset(files).to_table(columns=_REF_COLUMNS).to_pylist() if files else []
-        return {str(r["doc_id"]): RealDoc.from_row(r) for r in rows}
+        if not files:
+            return {}
+        out: dict[str, RealDoc] = {}
+        # a batch of rows at a time: a shard's rows never exist as Python dicts all at once, beside its RealDocs
+        for batch in storage.dataset(files).to_batches(columns=_REF_COLUMNS, batch_size=4096):
+            out.update((str(r["doc_id"]), RealDoc.from_row(r)) for r in batch.to_pylist())
+        return out
 
     def evaluator(self, k: int) -> ShardEvaluator:
         ev = self._loaded.pop(k, None)

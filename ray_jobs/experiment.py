@@ -499,7 +499,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     from ctrlgen.experiment_report import run_page
     from ctrlgen.generation.report import read_generated
     from ctrlgen.metrics.canary import insert_canaries, make_canaries
-    from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate, rouge_sample_rate
+    from ctrlgen.metrics.evaluate import Evaluator, RealDoc, aggregate, distinct_values, rouge_sample_rate
     from ctrlgen.metrics.linkage import RealRecord, linkage_attack
     from ctrlgen.metrics.semantic import Record
     from ray_jobs.common import extraction_input, has_code, reset_dir, seeded_sample
@@ -593,7 +593,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                     exposures[(setting, method, seed)] = _exposures(cfg, str(run_dir / "adapter"), canaries,
                                                                     planted[setting])  # fmt: skip
     base_exposure = _exposures(cfg, None, canaries, planted["known"]) if canaries else []
-    n_ft_values = len(Evaluator(real_ft, sorted(real_ft)).ft_values)
+    n_ft_values = len(distinct_values(real_ft.values()))
     shards = None
     if x.distributed_eval:
         shards = shard_references(

@@ -115,6 +115,11 @@ class RealDoc:
         return RealDoc(str(row["doc_id"]), row["text"], vals, tuple((int(e["start"]), int(e["end"])) for e in ents))
 
 
+def distinct_values(docs: Iterable[RealDoc]) -> list[str]:
+    """The documents' distinct private values (normalised), sorted: the denominator of a fine-tuning set's ELP."""
+    return sorted({normalize_value(v) for d in docs for v in d.values if v.strip()})
+
+
 def rouge_sample_rate(sample: int | None, n_docs: int) -> float:
     """The share of the fine-tuning documents a fine-tuning output's ROUGE maximum is taken over: all of them
     when there are at most ``sample`` (or ``sample`` is None), else ``sample / n_docs``.
@@ -143,14 +148,24 @@ class Evaluator:
     are always tested against the whole fine-tuning set.
     """
 
-    def __init__(self, real: Mapping[str, RealDoc], finetune_ids: Sequence[str] = (), rouge_rate: float = 1.0) -> None:
+    def __init__(
+        self,
+        real: Mapping[str, RealDoc],
+        finetune_ids: Sequence[str] = (),
+        rouge_rate: float = 1.0,
+        keep_texts: bool = True,
+    ) -> None:
+        """``keep_texts=False``: an evaluator of fine-tuning outputs only (a shard's): once the fine-tuning set's
+        ROUGE index and hashed windows are built, its documents (texts, values, spans) are let go."""
         self.rouge_rate = rouge_rate
+        self.keep_texts = keep_texts
         self.real = dict(real)
         missing = [d for d in finetune_ids if d not in self.real]
         if missing:
             raise CtrlgenError(f"{len(missing)} fine-tuning document(s) have no reference, e.g. {missing[0]}")
         self.ft_docs = [self.real[d] for d in sorted(set(finetune_ids))]
-        self.ft_values = sorted({normalize_value(v) for d in self.ft_docs for v in d.values if v.strip()})
+        self.n_finetune = len(self.ft_docs)
+        self.ft_values = distinct_values(self.ft_docs)
         self._ft_index: RougeIndex | None = None
         self._ft_windows: WindowSets | None = None
         self._ft_values = ValueIndex([v for d in self.ft_docs for v in d.values if v.strip()])
@@ -164,11 +179,13 @@ class Evaluator:
 
     def _finetune_refs(self) -> tuple[RougeIndex, WindowSets]:
         if self._ft_index is None or self._ft_windows is None:
-            if not self.ft_docs:
+            if not self.n_finetune:
                 raise CtrlgenError("a fine-tuning mode is evaluated but no fine-tuning documents were given")
             self._ft_index = RougeIndex([d.text for d in self.ft_docs if in_rouge_sample(d.doc_id, self.rouge_rate)])
             # not through the per-document cache: only the set's hashed windows are kept
             self._ft_windows = merge_windows(context_windows(d.text, d.spans) for d in self.ft_docs)
+            if not self.keep_texts:  # everything a fine-tuning output is scored against is built: let the notes go
+                self.ft_docs, self.real = [], {}
         return self._ft_index, self._ft_windows
 
     def _context_refs(self, doc_id: str, context_ids: Sequence[str]) -> _Refs:
@@ -201,10 +218,10 @@ class Evaluator:
         text = row["text"]
         values: list[str] = []
         if row["mode"] in FINETUNE_MODES:
-            if not self.ft_docs and not require_all:
+            if not self.n_finetune and not require_all:
                 return rec
             index, windows = self._finetune_refs()
-            leaked, found = self._ft_values.find(text), len(self.ft_docs)
+            leaked, found = self._ft_values.find(text), self.n_finetune
         else:
             ctx = list(row["context_ids"] or [])
             rec["n_context"] = len(ctx)
@@ -244,7 +261,7 @@ class ShardEvaluator:
 
     def __init__(self, real: Mapping[str, RealDoc], finetune: Mapping[str, RealDoc], rouge_rate: float = 1.0) -> None:
         self.icl = Evaluator(real)
-        self.ft = Evaluator(finetune, sorted(finetune), rouge_rate)
+        self.ft = Evaluator(finetune, sorted(finetune), rouge_rate, keep_texts=False)
 
     def partial(self, row: Mapping[str, Any]) -> dict[str, Any]:
         ev = self.ft if row["mode"] in FINETUNE_MODES else self.icl

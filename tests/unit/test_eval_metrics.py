@@ -446,6 +446,9 @@ def test_finetune_rouge_over_a_seeded_sample_of_the_finetune_set() -> None:
         assert {k: v for k, v in merged.items() if k != "exact_calls"} == {
             k: v for k, v in local.items() if k != "exact_calls"
         }
+    # a shard lets its notes go once it has scored a fine-tuning output (index, windows and values built)
+    assert all(s.ft.real == {} and s.ft.ft_docs == [] and s.ft.n_finetune > 0 for s in shards)
+    assert ev.real and len(ev.ft_docs) == len(real)  # the local evaluator keeps them
 
 
 def test_rouge_index_postings_do_not_depend_on_the_build_blocks(monkeypatch) -> None:
