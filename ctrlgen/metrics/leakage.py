@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import re
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ctrlgen.variants import ValueLike, match_keys, normalize, split_value
@@ -80,20 +80,32 @@ def _is_word(ch: str) -> bool:
     return ch.isalnum() or ch == "_"
 
 
+_MASK = (1 << 64) - 1
+_BASE = 0x100000001B3  # odd: invertible modulo 2**64
+_BASE_INV = pow(_BASE, -1, 1 << 64)
+
+
+def _key_hash(key: str) -> int:
+    """The 64-bit polynomial hash of a string, as :meth:`ValueIndex.spans` computes it for a text's substrings."""
+    h = 0
+    for ch in key:
+        h = (h * _BASE + ord(ch) + 1) & _MASK
+    return h
+
+
 class ValueIndex:
-    """Finds every value of a large set in a text in one pass over the text.
+    """Finds every value of a large set in a text, at a cost that follows the text, not the number of values.
 
-    An Aho-Corasick automaton (``pyahocorasick``) over the normalised values, built once:
-    the cost of a search grows with the text and the matches, not with the number of
-    values (a regex alternation or a loop over values is infeasible at a million values).
-    Matches are those of :func:`leaked_values` (the values' variants, folded case and
-    whitespace, no word character on either side); ``len`` and iteration are over the
-    distinct normalised values, not their variants. Picklable, so one index can be built
-    on the driver and shared with actors through the object store.
-
-    Held compactly (a corpus' values run to millions, each with about ten variant keys): the
-    automaton stores an integer per key (``STORE_INTS``, no Python object per key), and what a
-    key stands for is a run of positions into the sorted values (flat integer arrays).
+    Every variant key of every value (normalised) is held as a 64-bit polynomial hash with its length, sorted,
+    and what a key stands for is a run of positions into the sorted values (flat integer arrays): about 20
+    bytes a key, where a character trie (an Aho-Corasick automaton) took hundreds. A search hashes, with a
+    handful of vectorised NumPy calls, every substring of the normalised text that starts and ends on a word
+    boundary and has the length of some key, and looks the hashes up with one ``searchsorted``. Matches are
+    those of :func:`leaked_values` (the values' variants, folded case and whitespace, no word character on
+    either side); two different strings share a 64-bit hash with probability about 2**-64 per pair compared,
+    which this index accepts (a false match would count a leak that is not there, never hide one). ``len``
+    and iteration are over the distinct normalised values, not their variants. Picklable (arrays), so one
+    index can be built once and shared with actors through the object store.
 
     Example:
         >>> sorted(ValueIndex(["Smith", "John Smith", "Dr."]).find("seen by DR. john  smith"))
@@ -103,44 +115,64 @@ class ValueIndex:
     """
 
     def __init__(self, values: Iterable[ValueLike]) -> None:
-        import ahocorasick
         import numpy as np
 
         from ctrlgen.metrics.rouge import distinct_pairs
 
-        # Streamed (no dict of every key's value set, which at a million values is most of the build's memory):
-        # each value's variant keys go into the automaton once (the key's number is its value there), and each
-        # (key, value) pair into two integer arrays.
-        self._automaton: Any = ahocorasick.Automaton(ahocorasick.STORE_INTS)
-        self._key_len = array("i")
+        # Streamed: each (key hash, key length, value) triple goes into integer arrays, no dict of keys.
         norms: dict[str, int] = {}
-        pair_key, pair_value = array("i"), array("i")
+        pair_hash, pair_len, pair_value = array("Q"), array("i"), array("i")
         for item in values:
             value, category = split_value(item)
             if not value or not value.strip():
                 continue
             v = norms.setdefault(normalize(value), len(norms))
             for key in match_keys(value, category):
-                k = self._automaton.get(key, -1)
-                if k < 0:
-                    k = len(self._key_len)
-                    self._automaton.add_word(key, k)
-                    self._key_len.append(len(key))
-                pair_key.append(k)
+                pair_hash.append(_key_hash(key))
+                pair_len.append(len(key))
                 pair_value.append(v)
         ordered = sorted(norms.items())
         self._values = tuple(v for v, _ in ordered)
         position = np.empty(len(ordered), dtype=np.int32)  # a value's first-seen number -> its sorted position
         position[[i for _, i in ordered]] = np.arange(len(ordered), dtype=np.int32)
         del norms, ordered
-        keys = np.frombuffer(pair_key, dtype=np.int32) if pair_key else np.zeros(0, dtype=np.int32)
+        hashes = np.frombuffer(pair_hash, dtype=np.uint64) if pair_hash else np.zeros(0, dtype=np.uint64)
+        lens = np.frombuffer(pair_len, dtype=np.int32) if pair_len else np.zeros(0, dtype=np.int32)
         vals = position[np.frombuffer(pair_value, dtype=np.int32)] if pair_value else np.zeros(0, dtype=np.int32)
-        keys, vals, _ = distinct_pairs(keys, vals)
-        # key i stands for the values self._values[members[starts[i]:starts[i + 1]]] (in value order)
-        self._members = vals
-        self._starts = np.searchsorted(keys, np.arange(len(self._key_len) + 1)).astype(np.int64)
-        if len(self._key_len):
-            self._automaton.make_automaton()
+        # a key is its (hash, length); one sort gives the distinct keys and, per key, its distinct values
+        key_of = hashes ^ (lens.astype(np.uint64) << np.uint64(48))  # the length folded in the top bits
+        keys, members, _ = distinct_pairs(key_of, vals)
+        self._keys, starts = np.unique(keys, return_index=True)  # sorted distinct keys
+        self._starts = np.append(starts, len(keys)).astype(np.int64)  # key i: members[starts[i]:starts[i + 1]]
+        self._members = members.astype(np.int32)
+        # a bitmap of the keys' low bits (about 8 bits a key): most substrings are no key and are turned away by
+        # it, so that only the rest are looked up in the sorted keys (a binary search, a cache miss a step)
+        self._bloom_bits = max(6, int(np.ceil(np.log2(max(1, len(self._keys)) * 8))))
+        mark = np.zeros(1 << self._bloom_bits, dtype=bool)
+        mark[(self._keys & np.uint64((1 << self._bloom_bits) - 1)).astype(np.int64)] = True
+        self._bloom = np.packbits(mark, bitorder="little")
+        del mark
+        self._max_len = int(lens.max()) if len(lens) else 0
+        self._has_len = np.zeros(self._max_len + 1, dtype=bool)  # the key lengths a substring must have
+        self._has_len[lens] = True
+
+    _ARRAYS = ("_keys", "_starts", "_members", "_has_len", "_bloom")
+
+    def to_arrays(self) -> dict[str, Any]:
+        """The index's arrays (its values, sorted and normalised, are ``list(self)``): what
+        :meth:`from_arrays` needs, without building anything again."""
+        return {name[1:]: getattr(self, name) for name in self._ARRAYS}
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, Any], values: Sequence[str]) -> ValueIndex:
+        """The index :meth:`to_arrays` wrote, with its values ``list(index)`` (the same matches)."""
+        self = cls.__new__(cls)
+        for name in cls._ARRAYS:
+            setattr(self, name, arrays[name[1:]])
+        self._values = tuple(values)
+        self._bloom_bits = int(len(self._bloom) * 8).bit_length() - 1
+        self._max_len = len(self._has_len) - 1
+        return self
 
     def __len__(self) -> int:
         return len(self._values)
@@ -148,25 +180,89 @@ class ValueIndex:
     def __iter__(self) -> Any:
         return iter(self._values)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the index's arrays (the values' strings not counted)."""
+        return int(
+            self._keys.nbytes + self._starts.nbytes + self._members.nbytes + self._has_len.nbytes + self._bloom.nbytes
+        )
+
     def find(self, text: str) -> set[str]:
         """The distinct (normalised) values occurring in ``text`` on word boundaries, as themselves or a variant."""
         return {v for _, _, _, stands_for in self.spans(text) for v in stands_for}
 
     def spans(self, text: str) -> list[tuple[int, int, str, tuple[str, ...]]]:
-        """Every match ``(start, end, variant, values it stands for)``, offsets into ``normalize_value(text)``."""
+        """Every match ``(start, end, variant, values it stands for)``, offsets into ``normalize_value(text)``,
+        ordered by end, the longer first."""
+        import numpy as np
+
         if not self._values or not text:
             return []
         norm = normalize_value(text)
-        last = len(norm) - 1
+        n = len(norm)
+        if not n:
+            return []
+        inv, pw = _powers(n)  # (and the ASCII table)
+        if norm.isascii():
+            raw = np.frombuffer(norm.encode("ascii"), dtype=np.uint8)
+            word = _ASCII_WORD[raw]
+        else:
+            raw = np.frombuffer(norm.encode("utf-32-le"), dtype=np.uint32)
+            word = np.fromiter((c.isalnum() or c == "_" for c in norm), dtype=bool, count=n)
+        code = raw.astype(np.uint64) + np.uint64(1)
+        # prefix sums q[i] = sum_{j<i} code[j] * BASE**-j (mod 2**64): the hash of norm[s:e] is
+        # BASE**(e-1) * (q[e] - q[s]), as _key_hash computes it
+        q = np.zeros(n + 1, dtype=np.uint64)
+        np.cumsum(code * inv[:n], out=q[1:])
+        starts = np.flatnonzero(np.concatenate(([True], ~word[:-1])))  # no word character before
+        ends = np.flatnonzero(np.concatenate((~word[1:], [True]))) + 1  # no word character after
+        lo = np.searchsorted(ends, starts, side="right")
+        hi = np.searchsorted(ends, starts + self._max_len, side="right")
+        count = hi - lo
+        if not count.sum():
+            return []
+        s = np.repeat(starts, count)
+        e = ends[np.repeat(lo - np.cumsum(count) + count, count) + np.arange(int(count.sum()))]
+        length = e - s
+        ok = self._has_len[length]
+        s, e, length = s[ok], e[ok], length[ok]
+        with np.errstate(over="ignore"):
+            h = pw[e - 1] * (q[e] - q[s])
+        key = h ^ (length.astype(np.uint64) << np.uint64(48))
+        low = (key & np.uint64((1 << self._bloom_bits) - 1)).astype(np.int64)
+        maybe = ((self._bloom[low >> 3] >> (low & 7).astype(np.uint8)) & 1).astype(bool)
+        s, e, key = s[maybe], e[maybe], key[maybe]
+        at = np.searchsorted(self._keys, key)
+        at[at == len(self._keys)] = 0
+        hit = self._keys[at] == key
         out = []
-        for end, i in self._automaton.iter(norm):
-            start = end - self._key_len[i] + 1
-            if (start == 0 or not _is_word(norm[start - 1])) and (end == last or not _is_word(norm[end + 1])):
-                stands_for = tuple(
-                    self._values[j] for j in self._members[self._starts[i] : self._starts[i + 1]].tolist()
-                )
-                out.append((start, end + 1, norm[start : end + 1], stands_for))
+        for a, b, i in sorted(zip(s[hit].tolist(), e[hit].tolist(), at[hit].tolist(), strict=True),
+                              key=lambda m: (m[1], m[0])):  # fmt: skip
+            stands_for = tuple(self._values[j] for j in self._members[self._starts[i] : self._starts[i + 1]].tolist())
+            out.append((a, b, norm[a:b], stands_for))
         return out
+
+
+_ASCII_WORD: Any = None  # ASCII code -> whether re's \w matches it (set below, NumPy imported lazily)
+_POWERS: list[Any] = []  # [BASE**-j, BASE**j] for j < the longest text seen (grown on demand)
+
+
+def _powers(n: int) -> tuple[Any, Any]:
+    global _ASCII_WORD
+    import numpy as np
+
+    if _ASCII_WORD is None:
+        _ASCII_WORD = np.array([chr(i).isalnum() or chr(i) == "_" for i in range(128)], dtype=bool)
+
+    if not _POWERS or len(_POWERS[0]) < n + 1:
+        size = max(n + 1, 2 * len(_POWERS[0]) if _POWERS else 4096)
+        inv, pw = np.empty(size, dtype=np.uint64), np.empty(size, dtype=np.uint64)
+        a = b = 1
+        for j in range(size):
+            inv[j], pw[j] = a, b
+            a, b = (a * _BASE_INV) & _MASK, (b * _BASE) & _MASK
+        _POWERS[:] = [inv, pw]
+    return _POWERS[0], _POWERS[1]
 
 
 def as_index(values: Iterable[ValueLike] | ValueIndex) -> ValueIndex:

@@ -167,7 +167,8 @@ class ReferenceShard:
         """Write the shard to ``path`` (NumPy ``.npz``, no pickle; written to a temporary name, then renamed, so
         a reader never sees half a file): its token-id arrays, document ids, vocabulary and private values."""
         arrays, vocab = self._index.to_arrays()
-        meta = {"format": 1, "shard": self.shard, "n_shards": self.n_shards, "corpus_documents": self.corpus_documents,
+        arrays.update({f"values_{k}": v for k, v in self._values.to_arrays().items()})  # no rebuild on load
+        meta = {"format": 2, "shard": self.shard, "n_shards": self.n_shards, "corpus_documents": self.corpus_documents,
                 "doc_ids": self.doc_ids, "vocab": vocab, "values": [list(v) for v in self._value_items]}  # fmt: skip
         path = Path(path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
@@ -180,14 +181,21 @@ class ReferenceShard:
         """A shard written by :meth:`save` (scores equal to the shard it was saved from)."""
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
-            if meta.get("format") != 1:
+            if meta.get("format") not in (1, 2):
                 raise ValueError(f"{path}: not a reference shard of this version (format {meta.get('format')!r})")
             arrays = {k: z[k] for k in z.files if k != "meta"}
         self = cls.__new__(cls)
         self.shard, self.n_shards, self.corpus_documents = meta["shard"], meta["n_shards"], meta["corpus_documents"]
         self.doc_ids = list(meta["doc_ids"])
+        values = {k[len("values_") :]: arrays.pop(k) for k in list(arrays) if k.startswith("values_")}
         self._index = RougeIndex.from_arrays(arrays, meta["vocab"])
-        self._set_values([(str(v), c) for v, c in meta["values"]])
+        items = [(str(v), c) for v, c in meta["values"]]
+        if meta["format"] == 1:  # written before the value index was saved: built again
+            self._set_values(items)
+        else:
+            self._value_items = items
+            self.values = sorted({normalize_value(v) for v, _ in items})
+            self._values = ValueIndex.from_arrays(values, self.values)
         return self
 
     @classmethod

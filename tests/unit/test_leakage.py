@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctrlgen.metrics.leakage import ValueIndex, elp_finetune, elp_icl, leaked_values, pipp_finetune, pipp_icl
+from ctrlgen.metrics.leakage import (
+    ValueIndex,
+    elp_finetune,
+    elp_icl,
+    leaked_values,
+    normalize_value,
+    pipp_finetune,
+    pipp_icl,
+)
 
 
 @pytest.mark.parametrize(
@@ -50,7 +58,7 @@ def test_mismatched_lengths_are_an_error() -> None:
         pipp_icl(["a"], [])
 
 
-# --- ValueIndex: one Aho-Corasick automaton, the same matches as the per-value regex ---
+# --- ValueIndex: hashed keys, the same matches as the per-value regex ---
 
 _ALPHABET = "ab Z.$-_,1é\n\tß"
 
@@ -62,6 +70,35 @@ _ALPHABET = "ab Z.$-_,1é\n\tß"
 )
 def test_value_index_finds_what_the_regex_finds(text, values):
     assert ValueIndex(values).find(text) == leaked_values(text, values)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(st.sampled_from(["John", "Smith", "smith,", "J.", "10/20/2101", "Oct", "20,", "2101", "555-1234",
+                                    "5551234", " ", "\n", "x", "Dr.", "-", "_", "é"]), max_size=30),
+    values=st.lists(st.tuples(st.sampled_from(["John Smith", "Smith", "2101-10-20", "10/20", "555-1234", "Dr. J",
+                                                "é", "x_"]),
+                              st.sampled_from([None, "PERSON", "DATETIME", "CODE", "LOC"])), max_size=6),
+)  # fmt: skip
+def test_value_index_finds_the_variants_the_regex_finds(parts, values):
+    """Typed values (their name, date and number variants) in texts made of their pieces: the hashed index and
+    the per-variant regex find the same values, and each span is the variant at its offsets."""
+    text = " ".join(parts)
+    index = ValueIndex(values)
+    assert index.find(text) == leaked_values(text, values)
+    norm = normalize_value(text)
+    for start, end, variant, stands_for in index.spans(text):
+        assert norm[start:end] == variant and stands_for
+
+
+def test_value_index_from_its_arrays_finds_the_same():
+    index = ValueIndex([("John Smith", "PERSON"), ("2101-10-20", "DATETIME"), "Ann", ("555-1234", "CODE")])
+    again = ValueIndex.from_arrays(index.to_arrays(), list(index))
+    text = "Smith, John and ANN called 555 1234 on Oct 20, 2101"
+    assert again.find(text) == index.find(text) == {"john smith", "ann", "555-1234", "2101-10-20"}
+    assert again.spans(text) == index.spans(text) and again.nbytes == index.nbytes
+    empty = ValueIndex([])
+    assert ValueIndex.from_arrays(empty.to_arrays(), []).find("anything") == set()
 
 
 def test_value_index_boundaries_overlaps_and_pickling():

@@ -92,7 +92,7 @@ def test_a_shard_keeps_token_ids_in_arrays_not_strings_per_token(refs):
         idx.brute_force("anything")
 
 
-def test_a_saved_shard_loads_with_equal_scores_and_no_texts(refs, tmp_path):
+def test_a_saved_shard_loads_with_equal_scores_and_no_texts(refs, tmp_path, monkeypatch):
     texts = _texts(refs)
     for n in (1, 3):
         for i in range(n):
@@ -103,6 +103,14 @@ def test_a_saved_shard_loads_with_equal_scores_and_no_texts(refs, tmp_path):
             assert loaded.values == built.values and loaded.doc_ids == built.doc_ids
             assert loaded.probe(texts) == built.probe(texts)
             assert loaded.score(texts) == built.score(texts)
+    # the value index comes back as its arrays, not built again from the values
+    want = ReferenceShard(refs, 0, 1).score(texts)
+
+    def rebuilt(*args: object) -> None:
+        raise AssertionError("the value index was built again on load")
+
+    monkeypatch.setattr(ReferenceShard, "_set_values", rebuilt)
+    assert ReferenceShard.load(tmp_path / "s0-1.npz").score(texts) == want
     raw = (tmp_path / "s0-1.npz").read_bytes()
     assert refs[0][1][:40].encode() not in raw  # token ids, not the notes' text
 
