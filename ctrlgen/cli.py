@@ -458,7 +458,8 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     ex = cfg.extraction
     command = "ctrlgen extract-report" + (f" -c {args.config}" if args.config else "") + (
         f" --limit {args.limit}" if args.limit else "") + (f" --seeds {args.seeds}" if args.seeds else "") + (
-        f" --also {args.also}" if args.also else "")  # fmt: skip
+        f" --also {args.also}" if args.also else "") + (
+        f" --out {args.out}" if args.out != "docs/extraction.md" else "")  # fmt: skip
     head = _REPORT_HEAD.format(
         command=command,
         spacy=cfg.nlp.spacy_model,

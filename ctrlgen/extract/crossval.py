@@ -90,9 +90,9 @@ def train_cached(jobs: list[TrainJob], workers: int) -> list[str]:
             todo = [dataclasses.replace(j, threads=j.threads or share) for j in todo]
             with ProcessPoolExecutor(max_workers=n) as pool:
                 list(pool.map(_train, todo))
-        else:
+        else:  # in this process: a transformer's training takes every core whatever this process's torch threads
             for job in todo:
-                _train(job)
+                _train(dataclasses.replace(job, threads=job.threads or (os.cpu_count() or 1)))
     return [str(j.out) for j in jobs]
 
 

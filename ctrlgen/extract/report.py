@@ -139,6 +139,14 @@ def rules_digest(root: Path | None = None) -> str:
     return h.hexdigest()[:16]
 
 
+def _one_thread() -> None:
+    """Torch on one thread in this process (a transformer NER's extraction; its trainings run in their own
+    processes, or with the threads :class:`~ctrlgen.extract.crossval.TrainJob` gives them)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def ner_label(cfg: ExtractionConfig) -> str:
     """The report's name of a config's trained NER."""
     return "transformer NER" if cfg.ner_training.kind == "transformer" else "clinical NER"
@@ -198,6 +206,8 @@ def extraction_report(
     """
     from ctrlgen.extract.crossval import cross_validate
     from ctrlgen.extract.deid_tool import run_deid
+
+    _one_thread()  # the speeds are per core: a transformer NER would otherwise run on every core
 
     corpora = {
         "PhysioNet deid": load_corpus(
