@@ -270,7 +270,8 @@ def extraction_report(
                 )
                 if i == 0:
                     rules_only(gold, ncfg.min_age, record)
-                    extra += _fold_table(engine, cv)
+                extra += _fold_table(engine, cv)
+                if i == 0:  # the rule selection and the seed spread: the config's own NER only
                     if cv.rules:
                         from ctrlgen.extract.crossval import choose_rules
 
@@ -281,8 +282,6 @@ def extraction_report(
                         extra += _rules_section(cv, ncfg, deployed)
                     if seeds:
                         extra += _seed_spread(gold, ncfg, cv.predicted, seeds, cfg.nlp.spacy_model)
-                else:
-                    extra += _fold_table(engine, cv)
                 if Path(ncfg.ner_model or "").is_dir():
                     # the model trained on every note, on those same notes: what the unknown setting runs on
                     # this corpus (in-sample, not a quality figure)

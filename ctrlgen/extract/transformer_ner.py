@@ -281,11 +281,12 @@ def train_transformer_ner(
         id2label=dict(enumerate(BIO)),
         label2id={label: i for i, label in enumerate(BIO)},
     )
-    pos = [d for d in docs if _gold_spans(d)]
-    neg = [d for d in docs if not _gold_spans(d)]
+    gold = [(d, _gold_spans(d)) for d in docs]
+    pos = [d for d, spans in gold if spans]
+    neg = [d for d, spans in gold if not spans]
     if not pos:
         raise CtrlgenError("no training document has an entity to learn from")
-    n_spans = sum(len(_gold_spans(d)) for d in pos)
+    n_spans = sum(len(spans) for _, spans in gold)
     rng = random.Random(seed)
     # every epoch's batches first (tokenizing is cheap), so that the schedule knows its number of updates
     plan: list[list[tuple[list[int], list[int]]]] = []
@@ -294,7 +295,8 @@ def train_transformer_ner(
                 for d in pos]  # fmt: skip
         seen += rng.sample(neg, round(negatives * len(neg)))
         wins = windows(tokenizer, [d.text for d in seen], max_length, stride)
-        rows = [(w.ids, token_labels(w.offsets, _gold_spans(seen[w.doc]))) for w in wins]
+        spans_of = [_gold_spans(d) for d in seen]  # (surrogates move the spans: per epoch)
+        rows = [(w.ids, token_labels(w.offsets, spans_of[w.doc])) for w in wins]
         rng.shuffle(rows)
         plan.append(rows)
     updates = sum(math.ceil(len(rows) / batch_size) for rows in plan)

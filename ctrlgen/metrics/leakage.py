@@ -202,13 +202,13 @@ class ValueIndex:
         n = len(norm)
         if not n:
             return []
-        inv, pw = _powers(n)  # (and the ASCII table)
+        inv, pw, ascii_word = _tables(n)
         if norm.isascii():
             raw = np.frombuffer(norm.encode("ascii"), dtype=np.uint8)
-            word = _ASCII_WORD[raw]
+            word = ascii_word[raw]
         else:
             raw = np.frombuffer(norm.encode("utf-32-le"), dtype=np.uint32)
-            word = np.fromiter((c.isalnum() or c == "_" for c in norm), dtype=bool, count=n)
+            word = np.fromiter(map(_is_word, norm), dtype=bool, count=n)
         code = raw.astype(np.uint64) + np.uint64(1)
         # prefix sums q[i] = sum_{j<i} code[j] * BASE**-j (mod 2**64): the hash of norm[s:e] is
         # BASE**(e-1) * (q[e] - q[s]), as _key_hash computes it
@@ -243,26 +243,23 @@ class ValueIndex:
         return out
 
 
-_ASCII_WORD: Any = None  # ASCII code -> whether re's \w matches it (set below, NumPy imported lazily)
-_POWERS: list[Any] = []  # [BASE**-j, BASE**j] for j < the longest text seen (grown on demand)
+_TABLES: list[Any] = []  # [BASE**-j, BASE**j for j < the longest text seen (grown on demand), ASCII -> \w]
 
 
-def _powers(n: int) -> tuple[Any, Any]:
-    global _ASCII_WORD
+def _tables(n: int) -> tuple[Any, Any, Any]:
+    """The powers of the hash's base for texts of up to ``n`` characters, and which ASCII codes are word
+    characters (:func:`_is_word`)."""
     import numpy as np
 
-    if _ASCII_WORD is None:
-        _ASCII_WORD = np.array([chr(i).isalnum() or chr(i) == "_" for i in range(128)], dtype=bool)
-
-    if not _POWERS or len(_POWERS[0]) < n + 1:
-        size = max(n + 1, 2 * len(_POWERS[0]) if _POWERS else 4096)
+    if not _TABLES or len(_TABLES[0]) < n + 1:
+        size = max(n + 1, 2 * len(_TABLES[0]) if _TABLES else 4096)
         inv, pw = np.empty(size, dtype=np.uint64), np.empty(size, dtype=np.uint64)
         a = b = 1
         for j in range(size):
             inv[j], pw[j] = a, b
             a, b = (a * _BASE_INV) & _MASK, (b * _BASE) & _MASK
-        _POWERS[:] = [inv, pw]
-    return _POWERS[0], _POWERS[1]
+        _TABLES[:] = [inv, pw, np.array([_is_word(chr(i)) for i in range(128)], dtype=bool)]
+    return _TABLES[0], _TABLES[1], _TABLES[2]
 
 
 def as_index(values: Iterable[ValueLike] | ValueIndex) -> ValueIndex:
