@@ -160,13 +160,40 @@ def stage(name: str, n: int, work: Path, targets: int, extra: list[str]) -> dict
         before = psutil.Process().memory_info().rss
         index = ReferenceShard(iter_references(str(run / "extracted")), 0, 2)
         grown = psutil.Process().memory_info().rss - before
+        saved = run / "scorer-shard-0-of-2.npz"
+        index.save(saved)  # what a replica loads (serve.scorer_index_dir): built once, then only loaded
+        out["seconds_build_save"] = time.perf_counter() - t0
         out["documents"] = len(index.doc_ids)
-        out["bytes_per_note"] = grown / max(len(index.doc_ids), 1)
+        out["build_bytes_per_note"] = grown / max(len(index.doc_ids), 1)
         out["rouge_bytes_per_note"] = index.rouge_nbytes / max(len(index.doc_ids), 1)
-        out["values"] = index.n_values  # the shard's private values (sharded by value), in its automaton
+        out["values"] = index.n_values  # the shard's private values (sharded by value), in its value index
+        out["file_mb"] = saved.stat().st_size / 1e6
+        del index
+        # What a replica holds: a fresh process loads the saved shard (RSS growth of the load, over its notes).
+        load = subprocess.run([sys.executable, "-c", _LOAD_SHARD, str(saved)], capture_output=True, text=True)
+        if load.returncode:
+            raise RuntimeError(f"loading the saved shard failed: {load.stderr[-1000:]}")
+        held = json.loads(load.stdout.strip().splitlines()[-1])
+        out["bytes_per_note"] = held["grown"] / max(out["documents"], 1)
+        out["load_seconds"] = held["seconds"]
+        saved.unlink()
     out["seconds"] = time.perf_counter() - t0
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
+
+
+_LOAD_SHARD = """
+import json, sys, time
+import psutil
+from ctrlgen.metrics.leakage import ValueIndex
+from ctrlgen.metrics.rouge import tokenize
+from ctrlgen.metrics.shard import ReferenceShard
+tokenize("warm up"); ValueIndex(["warm up"])
+before = psutil.Process().memory_info().rss
+t0 = time.perf_counter()
+shard = ReferenceShard.load(sys.argv[1])
+print(json.dumps({"grown": psutil.Process().memory_info().rss - before, "seconds": time.perf_counter() - t0}))
+"""
 
 
 class _TreeSampler:
@@ -444,11 +471,22 @@ def report(data: dict[str, Any]) -> str:
     if ok(sc):
         assert sc is not None
         per = sc["bytes_per_note"]
-        lines += ["", f"Scorer index at {large:,} notes: {per / 1e3:.1f} KB per reference note (RSS growth over "
-                      f"{sc['documents']:,} notes of one shard; target <= 3 KB: {'met' if per <= 3000 else 'NOT met'})"
-                      + (f"; of which the ROUGE index's arrays {sc['rouge_bytes_per_note'] / 1e3:.2f} KB per note, the "
-                         f"rest mostly the shard's {sc['values']:,} private values (their variants' automaton)"
-                         if "rouge_bytes_per_note" in sc else "") + "."]  # fmt: skip
+        if "build_bytes_per_note" in sc:  # measured as a replica holds it: the saved shard loaded by a fresh process
+            lines += ["", f"Scorer index at {large:,} notes: {per / 1e3:.2f} KB per reference note (RSS growth of a "
+                          f"fresh process loading the saved shard of {sc['documents']:,} notes, {sc['load_seconds']:.0f} s; "
+                          f"target <= 3 KB: {'met' if per <= 3000 else 'NOT met'}); the ROUGE index's arrays "
+                          f"{sc['rouge_bytes_per_note'] / 1e3:.2f} KB of it, the rest the document ids and the shard's "
+                          f"{sc['values']:,} private values (hashed variant keys). The scorer row is the shard's build "
+                          f"and save, done once (serve.scorer_index_dir): its driver is the building process, which "
+                          f"grew by {sc['build_bytes_per_note'] / 1e3:.2f} KB per note and holds the shard it builds, "
+                          f"so its RSS follows the shard's size by design (the 1.2 ratio does not apply to it); "
+                          f"the file is {sc['file_mb']:,.0f} MB."]  # fmt: skip
+        else:
+            lines += ["", f"Scorer index at {large:,} notes: {per / 1e3:.1f} KB per reference note (RSS growth over "
+                          f"{sc['documents']:,} notes of one shard; target <= 3 KB: {'met' if per <= 3000 else 'NOT met'})"
+                          + (f"; of which the ROUGE index's arrays {sc['rouge_bytes_per_note'] / 1e3:.2f} KB per note, "
+                             f"the rest mostly the shard's {sc['values']:,} private values (their variants' automaton)"
+                             if "rouge_bytes_per_note" in sc else "") + "."]  # fmt: skip
     lines += ["", "Whole rehearsal: " + ", ".join(f"{res[f'total@{n}']['seconds'] / 60:.0f} min at {n:,} notes"
                                                 for n in (small, large) if f"total@{n}" in res) + "."]  # fmt: skip
     return "\n".join(lines)

@@ -129,23 +129,25 @@ class ReferenceShard:
             raise ValueError(f"shard {shard} is not in [0, {n_shards})")
         self.shard, self.n_shards = shard, n_shards
         ids: list[str] = []
-        texts: list[str] = []
         values: dict[tuple[str, str | None], tuple[str, str | None]] = {}
         self.corpus_documents = 0
-        for doc_id, text, vals in references:
-            self.corpus_documents += 1
-            if shard_of("doc\x1f" + doc_id, n_shards) == shard:
-                ids.append(doc_id)
-                texts.append(text)
-            for v in vals:
-                value, category = split_value(v)
-                norm = normalize_value(value)
-                # Keyed by the normalised value (its variants go with it), so shards stay disjoint.
-                if norm and shard_of("value\x1f" + norm, n_shards) == shard:
-                    values.setdefault((norm, category), (value, category))
+
+        def own_texts() -> Iterator[str]:
+            """This shard's texts, one at a time (the index tokenises each as it comes: no list of texts)."""
+            for doc_id, text, vals in references:
+                self.corpus_documents += 1
+                for v in vals:
+                    value, category = split_value(v)
+                    norm = normalize_value(value)
+                    # Keyed by the normalised value (its variants go with it), so shards stay disjoint.
+                    if norm and shard_of("value\x1f" + norm, n_shards) == shard:
+                        values.setdefault((norm, category), (value, category))
+                if shard_of("doc\x1f" + doc_id, n_shards) == shard:
+                    ids.append(doc_id)
+                    yield text
+
+        self._index = RougeIndex(own_texts(), keep_texts=False)  # token ids only (docs/serving.md)
         self.doc_ids = ids
-        self._index = RougeIndex(texts, keep_texts=False)  # token ids only (docs/serving.md)
-        del texts
         self._set_values(list(values.values()))
 
     def _set_values(self, items: list[tuple[str, str | None]]) -> None:
