@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -48,7 +49,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig
@@ -133,11 +133,11 @@ def _keep_ids(ids: set[str]) -> Any:
     return fn
 
 
-def _rows(path: Path, ids: set[str] | None = None) -> list[dict[str, Any]]:
+def _rows(path: str, ids: set[str] | None = None) -> list[dict[str, Any]]:
     """The notes at ``path`` (only those of ``ids``, selected in the cluster), sorted by doc_id."""
     import ray
 
-    ds = ray.data.read_parquet(str(path)).select_columns(_DOC_COLUMNS)
+    ds = ray.data.read_parquet(path).select_columns(_DOC_COLUMNS)
     if ids is not None:
         ds = ds.map_batches(_keep_ids(ids), batch_format="pyarrow")
     return sorted(ds.take_all(), key=lambda r: str(r["doc_id"]))  # not the order of Ray's file names
@@ -155,10 +155,10 @@ class _Patients(Mapping[str, str]):
     """doc_id -> patient over the whole corpus, held as two sorted Arrow columns (binary search): a dict of a
     MIMIC-sized corpus' ids is ~250 MB of Python strings on the driver, these ~40 MB."""
 
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[str]) -> None:
         import ray
 
-        refs = [ref for p in paths for ref in ray.data.read_parquet(str(p)).select_columns(["doc_id", "metadata"])
+        refs = [ref for p in paths for ref in ray.data.read_parquet(p).select_columns(["doc_id", "metadata"])
                 .map_batches(_patient_column, batch_format="pyarrow").to_arrow_refs()]  # fmt: skip
         tables = [t for t in ray.get(refs) if t.num_rows]
         table = pa.concat_tables(tables).sort_by("doc_id") if tables else _patient_column(pa.table(
@@ -181,11 +181,11 @@ class _Patients(Mapping[str, str]):
         return (str(s) for s in self._ids.to_pylist())
 
 
-def _write(rows: list[dict[str, Any]], path: Path, schema: pa.Schema) -> Path:
+def _write(rows: list[dict[str, Any]], path: str, schema: pa.Schema) -> str:
+    """``rows`` as the one Parquet file of the directory ``path`` (a local path or a URI), replacing it."""
     from ray_jobs.common import reset_dir
 
-    Path(reset_dir(str(path))).mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path / "part-0.parquet")
+    storage.write_parquet(pa.Table.from_pylist(rows, schema=schema), storage.join(reset_dir(path), "part-0.parquet"))
     return path
 
 
@@ -259,7 +259,7 @@ def _exposures(
 
     model, tok = load_causal_lm(cfg.model)
     if adapter is not None:
-        model = load_prefix_model(model, adapter)
+        model = load_prefix_model(model, storage.local_copy(adapter))  # PEFT reads local files only
 
     out = []
     for c in canaries:
@@ -377,7 +377,7 @@ def _picked(
     method: str,
     setting: str,
     seed: int,
-    splits: dict[str, dict[str, Path]],
+    splits: dict[str, dict[str, str]],
     picks: dict[tuple[str, int, int], tuple[list[dict[str, Any]], list[dict[str, Any]]]],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The test notes an anonymiser cell releases (the setting's rows) and the same notes' known-setting rows.
@@ -392,7 +392,7 @@ def _picked(
     x = cfg.experiment
     n = x.anon_llm_documents if method == "anon_llm" and x.anon_llm_documents else x.num_documents
     if (setting, seed, n) not in picks:
-        known = ray.data.read_parquet(str(splits["known"]["test"])).select_columns(_DOC_COLUMNS)
+        known = ray.data.read_parquet(splits["known"]["test"]).select_columns(_DOC_COLUMNS)
         ids = {str(r["doc_id"]) for r in seeded_sample(known.map_batches(has_code, batch_format="pyarrow"), n,
                                                        seed, "anonymise", ["doc_id"])}  # fmt: skip
         chosen = _rows(splits[setting]["test"], ids)  # sorted by doc_id
@@ -403,7 +403,7 @@ def _picked(
 def _llm_rewrites(
     cfg: CtrlgenConfig,
     settings: list[str],
-    splits: dict[str, dict[str, Path]],
+    splits: dict[str, dict[str, str]],
     picks: dict[tuple[str, int, int], tuple[list[dict[str, Any]], list[dict[str, Any]]]],
     schema: pa.Schema,
 ) -> dict[str, dict[str, dict[str, Any]]]:
@@ -434,7 +434,7 @@ def _anonymised_cell(
     method: str,
     setting: str,
     seed: int,
-    splits: dict[str, dict[str, Path]],
+    splits: dict[str, dict[str, str]],
     util: _Utility,
     pending: list[_Pending],
     patients: Mapping[str, str],
@@ -511,35 +511,30 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
 
     x = cfg.experiment
     t0 = _T0[0] = time.perf_counter()
-    if storage.is_uri(cfg.output_dir):
-        raise CtrlgenError(
-            f"experiment: output_dir must be a local or shared-filesystem path, not {cfg.output_dir} (remote "
-            "storage covers extract, train, generate and synthesize; the research matrix keeps its tables local)"
-        )
-    out = Path(cfg.output_dir).resolve()
+    out = storage.absolute(cfg.output_dir)  # a local (shared) path or a URI: every stage reads and writes there
     if x.torch_threads:
         torch.set_num_threads(x.torch_threads)
     settings = list(dict.fromkeys(x.settings))
     init_ray(cfg)
 
     # 1-2. Extraction per setting, split by patient.
-    splits: dict[str, dict[str, Path]] = {}
+    splits: dict[str, dict[str, str]] = {}
     for setting in dict.fromkeys(["known", *settings]):
-        c = _with(cfg, extraction__setting=setting, output_dir=str(out / "extract" / setting))
+        c = _with(cfg, extraction__setting=setting, output_dir=storage.join(out, "extract", setting))
         src = extraction_input(c, None, f"experiment ({setting} entities)")
-        dest = Path(reset_dir(str(out / "data" / setting / "split")))
+        dest = reset_dir(storage.join(out, "data", setting, "split"))
         ray.data.read_parquet(str(src)).select_columns(_DOC_COLUMNS).map_batches(
             _split_fn(x.split_seed, x.test_fraction), batch_format="pyarrow"
-        ).write_parquet(str(dest), partition_cols=["split"], min_rows_per_file=_ROWS_PER_FILE)  # few, large files
-        splits[setting] = {s: dest / f"split={s}" for s in ("train", "test")}
-        n = {s: ray.data.read_parquet(str(p)).count() for s, p in splits[setting].items()}
+        ).write_parquet(dest, partition_cols=["split"], min_rows_per_file=_ROWS_PER_FILE)  # few, large files
+        splits[setting] = {s: storage.join(dest, f"split={s}") for s in ("train", "test")}
+        n = {s: storage.dataset(storage.parquet_files(p)).count_rows() for s, p in splits[setting].items()}
         _log(f"{setting}: {n['train']} train / {n['test']} test notes (split by patient)")
     # No corpus-sized state on the driver: the train split stays a dataset; notes are fetched by id when needed.
-    train_ds = ray.data.read_parquet(str(splits["known"]["train"])).select_columns(_DOC_COLUMNS)
+    train_ds = ray.data.read_parquet(splits["known"]["train"]).select_columns(_DOC_COLUMNS)
     # doc_id -> patient: the clusters of the intervals (outputs and attacked notes of one patient are not independent)
     patients = _Patients([splits["known"]["train"], splits["known"]["test"]])
-    schema = pq.read_schema(next(splits["known"]["train"].rglob("*.parquet")))
-    test_ds = ray.data.read_parquet(str(splits["known"]["test"])).select_columns(_DOC_COLUMNS)
+    schema = storage.parquet_file(storage.parquet_files(splits["known"]["train"])[0]).schema_arrow
+    test_ds = ray.data.read_parquet(splits["known"]["test"]).select_columns(_DOC_COLUMNS)
     test_rows = seeded_sample(test_ds, x.test_documents, x.split_seed, "utility", ["doc_id", "text", "control_code"])
     test_texts = [r["text"] for r in test_rows]
     test_labels = [_categories(r["control_code"]) for r in test_rows]
@@ -547,7 +542,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     # 3. Fine-tuning set (same notes in every setting) with canaries.
     prefix_methods = of_kind("prefix", x.methods)
     canaries = make_canaries(x.canaries, x.split_seed, x.canary_repeats) if prefix_methods else []
-    ft_dirs: dict[str, Path] = {}
+    ft_dirs: dict[str, str] = {}
     planted: dict[str, list[dict[str, Any]]] = {}  # the fine-tuning rows (canaries planted) per setting
     real_ft: dict[str, RealDoc] = {}
     if prefix_methods:
@@ -563,12 +558,12 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
             if len(rows) != len(ft_ids):
                 raise CtrlgenError(f"{setting}: {len(rows)} of the {len(ft_ids)} fine-tuning notes found")
             planted[setting] = rows
-            ft_dirs[setting] = _write(rows, out / "data" / setting / "finetune", schema)
+            ft_dirs[setting] = _write(rows, storage.join(out, "data", setting, "finetune"), schema)
         _log(f"fine-tuning set: {len(ft_ids)} notes, {len(canaries)} canaries planted "
              f"{sum(c.repeats for c in canaries)} times")  # fmt: skip
 
     # 4. Prefix tuning (+ canary exposure).
-    adapters: dict[tuple[str, str, int], Path] = {}
+    adapters: dict[tuple[str, str, int], str] = {}  # the training run's output_dir (its adapter and data)
     exposures: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     privacy: dict[tuple[str, str, int], dict[str, Any]] = {}  # DP runs: privacy.json
     train_seeds = x.seeds if x.train_per_seed else x.seeds[:1]
@@ -576,10 +571,10 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
         for method in prefix_methods:
             for seed in train_seeds:
                 variant, epsilon = METHODS[method].variant, METHODS[method].epsilon
-                run_dir = out / "runs" / setting / f"{method}-s{seed}"
+                run_dir = storage.join(out, "runs", setting, f"{method}-s{seed}")
                 dp = {"training__dp__target_epsilon": epsilon, "training__dp__noise_multiplier": None} \
                     if epsilon else {}  # fmt: skip
-                c = _with(cfg, output_dir=str(run_dir), training__input=str(ft_dirs[setting]),
+                c = _with(cfg, output_dir=run_dir, training__input=ft_dirs[setting],
                           training__variant=variant, training__num_documents=None, training__seed=seed,
                           training__run_name=f"{setting}-{method}-s{seed}", training__resume=x.resume,
                           **dp)  # fmt: skip
@@ -590,15 +585,15 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                 if summary.privacy:
                     privacy[(setting, method, seed)] = summary.privacy
                 if canaries:
-                    exposures[(setting, method, seed)] = _exposures(cfg, str(run_dir / "adapter"), canaries,
+                    exposures[(setting, method, seed)] = _exposures(cfg, storage.join(run_dir, "adapter"), canaries,
                                                                     planted[setting])  # fmt: skip
     base_exposure = _exposures(cfg, None, canaries, planted["known"]) if canaries else []
     n_ft_values = len(distinct_values(real_ft.values()))
     shards = None
     if x.distributed_eval:
         shards = shard_references(
-            ray.data.read_parquet(str(splits["known"]["train"])).select_columns(_DOC_COLUMNS),
-            str(out / "eval_references"), x.eval_shards,
+            ray.data.read_parquet(splits["known"]["train"]).select_columns(_DOC_COLUMNS),
+            storage.join(out, "eval_references"), x.eval_shards,
             finetune=ray.data.from_items(list(planted_known)) if prefix_methods else None,
             rouge_sample=cfg.evaluation.rouge_finetune_sample,
         )  # fmt: skip
@@ -610,12 +605,12 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
     # 5. Generation: every cell of the matrix ((setting, seed) x the ICL modes, each prefix) in one Ray Data job.
     # The baseline prompt has no control codes: generated once per seed (in its first setting).
     gen_cells: list[Cell] = []
-    plan: dict[tuple[int, str], list[tuple[list[str], Path | None, Path]]] = {}
+    plan: dict[tuple[int, str], list[tuple[list[str], str | None, str]]] = {}
     baseline_setting: dict[int, str] = {}
     for seed in x.seeds:
         train_seed = seed if x.train_per_seed else x.seeds[0]
         for setting in settings:
-            runs: list[tuple[list[str], Path | None]] = []
+            runs: list[tuple[list[str], str | None]] = []
             icl_modes = [icl_mode(m) for m in of_kind("icl", x.methods)
                          if not (m == "baseline" and seed in baseline_setting)]  # fmt: skip
             if "baseline" in icl_modes:
@@ -624,13 +619,13 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                 runs.append((icl_modes, None))
             runs += [([m], adapters[(setting, m, train_seed)]) for m in prefix_methods]
             for modes, adapter in runs:
-                gen_dir = out / "runs" / setting / f"gen-{'-'.join(modes)}-s{seed}"
+                gen_dir = storage.join(out, "runs", setting, f"gen-{'-'.join(modes)}-s{seed}")
                 gen_cells.append(Cell(
-                    key=f"{setting}/{'-'.join(modes)}/s{seed}", output=str(gen_dir / "generated"), seed=seed,
-                    modes=("prefix",) if adapter else tuple(modes), input=str(splits[setting]["test"]),
-                    context_input=str(splits[setting]["train"]), num_documents=x.num_documents,
-                    adapter=str(adapter / "adapter") if adapter else None,
-                    finetune_data=str(adapter / "train_data") if adapter else None,
+                    key=f"{setting}/{'-'.join(modes)}/s{seed}", output=storage.join(gen_dir, "generated"), seed=seed,
+                    modes=("prefix",) if adapter else tuple(modes), input=splits[setting]["test"],
+                    context_input=splits[setting]["train"], num_documents=x.num_documents,
+                    adapter=storage.join(adapter, "adapter") if adapter else None,
+                    finetune_data=storage.join(adapter, "train_data") if adapter else None,
                 ))  # fmt: skip
                 plan.setdefault((seed, setting), []).append((modes, adapter, gen_dir))
     _log(f"generating {len(gen_cells)} cells (every setting and seed; one Ray Data job)")
@@ -671,13 +666,14 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
                       "cls_f1": util.classify(real_sample, [_categories(r["control_code"]) for r in real_rows])})  # fmt: skip
         for setting in settings:
             for modes, adapter, gen_dir in plan.get((seed, setting), []):
-                rows = read_generated(gen_dir / "generated")
+                rows = read_generated(storage.join(gen_dir, "generated"))
                 ft = adapter is not None
                 ft_ids = sorted(real_ft) if ft else []
                 if shards is not None:
-                    by_mode = evaluate(_generated_dataset(str(gen_dir / "generated")), shards,
-                                       str(gen_dir / "evaluation"), num_actors=x.eval_actors)  # fmt: skip
-                    per_output = _per_output(ray.data.read_parquet(str(gen_dir / "evaluation")).take_all(), patients)
+                    by_mode = evaluate(_generated_dataset(storage.join(gen_dir, "generated")), shards,
+                                       storage.join(gen_dir, "evaluation"), num_actors=x.eval_actors)  # fmt: skip
+                    per_output = _per_output(ray.data.read_parquet(storage.join(gen_dir, "evaluation")).take_all(),
+                                             patients)  # fmt: skip
                 else:
                     records = evaluators[ft].table(rows).to_pylist()
                     by_mode = aggregate(records, n_ft_values if ft else 0)
@@ -743,17 +739,18 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
         cells[-1]["per_canary"] = _per_canary(base_exposure)
 
     # 7. Report.
-    res = Path(reset_dir(str(out / "results")))
-    res.mkdir(parents=True)
+    res = storage.join(out, "results")
     summary = summarize(cells)
     md = table(summary)
     meta = {"config": cfg.model_dump(), "methods": {m: METHOD_LABELS[m] for m in x.methods},
             "canaries_base_model": base_exposure, "minutes": (time.perf_counter() - t0) / 60, **_provenance()}  # fmt: skip
     text = json.dumps({"summary": summary, "cells": cells, **meta}, indent=2, default=str)
-    (res / "results.json").write_text(text)
-    (res / "results.md").write_text(run_page(json.loads(text)), encoding="utf-8")  # the page of what was written
-    plot(summary, res / "privacy_utility.png")
-    return ExperimentSummary(len(cells), time.perf_counter() - t0, str(res), md)
+    with tempfile.TemporaryDirectory(prefix="ctrlgen-results-") as tmp:  # written here, then copied to res whole
+        (Path(tmp) / "results.json").write_text(text)
+        (Path(tmp) / "results.md").write_text(run_page(json.loads(text)), encoding="utf-8")  # the page of the JSON
+        plot(summary, Path(tmp) / "privacy_utility.png")
+        storage.upload(tmp, res)
+    return ExperimentSummary(len(cells), time.perf_counter() - t0, res, md)
 
 
 def main(argv: list[str] | None = None) -> int:

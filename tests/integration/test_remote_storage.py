@@ -111,3 +111,33 @@ def test_synthesize_pipeline_reads_and_writes_only_s3(s3_server, tmp_path):
     assert ft_shards and ft_shards <= {"shard=0", "shard=1", "shard=2"}
     assert any(r.startswith("evaluation/records/") and r.endswith(".parquet") for r in rel)
     assert "| prefix |" in ev.stdout and "| icl_blocking |" in ev.stdout
+
+
+def test_experiment_reads_and_writes_only_s3(s3_server, tmp_path):
+    """The research matrix with its corpus and output_dir on S3 (a small matrix: ICL + blocking and masked
+    prefix tuning, one seed, the sharded Ray evaluation, one canary): nothing is written to the local disk
+    where it runs, and the results page and its JSON land on S3."""
+    corpus, out = f"s3://{S3_BUCKET}/corpus-e", f"s3://{S3_BUCKET}/exp-e"
+    _upload_demo_corpus(120, corpus)
+    cmd = [sys.executable, "-m", "ctrlgen.cli", "experiment", "-c", str(ROOT / "configs" / "experiment_tiny.yaml"),
+           "corpus.format=mimic", f"corpus.path={corpus}", "corpus.limit=null", f"output_dir={out}",
+           "experiment.settings=[known]", "experiment.methods=[icl_blocking,prefix_masked]", "experiment.seeds=[0]",
+           "experiment.distributed_eval=true", "experiment.canaries=1", "experiment.canary_repeats=[1]",
+           "experiment.canary_candidates=9", "training.num_workers=1", "ray.num_cpus=4"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | s3_server
+    env["PYTHONPATH"] = str(ROOT)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    res = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert list(work.iterdir()) == []
+    rel = [k.split("/exp-e/", 1)[1] for k in _objects(out)]
+    assert {"results/results.json", "results/results.md", "results/privacy_utility.png"} <= set(rel)
+    assert any(r.startswith("data/known/split/split=train/") for r in rel)
+    assert "runs/known/prefix_masked-s0/adapter/adapter_config.json" in rel
+    assert any(r.startswith("eval_references/") for r in rel)
+    data = json.loads(storage.read_text(f"{out}/results/results.json"))
+    cells = {(c["setting"], c["method"]) for c in data["cells"]}
+    assert {("known", "icl_blocking"), ("known", "prefix_masked")} <= cells
+    assert all(c["outputs"] >= 1 for c in data["cells"] if c["setting"] == "known")
+    assert "exposure" in next(c for c in data["cells"] if c["method"] == "prefix_masked")
