@@ -398,8 +398,10 @@ def sizing(data: dict[str, Any]) -> str | None:
     if "scorer" in got:
         sc = got["scorer"]
         lines.append(
-            f"- **Serve Scorer replica**: a shard of {sc['documents']:,} reference notes grew the process by "
-            f"{sc['bytes_per_note'] * sc['documents'] / 1e9:.1f} GB ({sc['bytes_per_note'] / 1e3:.1f} KB per note"
+            f"- **Serve Scorer replica**: a shard of {sc['documents']:,} reference notes grew the process "
+            + ("that loaded it (its saved index, `serve.scorer_index_dir`) by " if "build_bytes_per_note" in sc
+               else "by ")
+            + f"{sc['bytes_per_note'] * sc['documents'] / 1e9:.1f} GB ({sc['bytes_per_note'] / 1e3:.1f} KB per note"
             + (f"; the ROUGE index's arrays {sc['rouge_bytes_per_note'] / 1e3:.2f} KB of it, the rest the shard's "
                f"{sc['values']:,} private values" if "rouge_bytes_per_note" in sc else "")
             + "); a replica holds one shard: more shards (values and notes are both sharded) divide it."
