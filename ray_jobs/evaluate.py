@@ -266,9 +266,11 @@ def _fan_out(n: int) -> Any:
 
 class ShardScorer:
     """map_batches over rows sorted by shard: score each row against the references of its shard, loading
-    a shard's references (and indexing them) when a batch first names it; the last two are kept."""
+    a shard's references (and indexing them) when a batch first names it. The rows come sorted by shard, so
+    an actor meets each shard in one run of rows: it keeps the last ``KEEP`` shards and lets the oldest go
+    *before* it indexes the next (the actor's peak is then one shard being built beside ``KEEP - 1`` kept)."""
 
-    KEEP = 2
+    KEEP = 1
 
     def __init__(self, shards: ReferenceShards) -> None:
         self.shards = shards
@@ -290,9 +292,9 @@ class ShardScorer:
     def evaluator(self, k: int) -> ShardEvaluator:
         ev = self._loaded.pop(k, None)
         if ev is None:
-            ev = ShardEvaluator(self._docs("icl", k), self._docs("finetune", k), self.shards.rouge_rate)
-            while len(self._loaded) >= self.KEEP:
+            while len(self._loaded) >= self.KEEP:  # let go first: never two shards' notes being indexed at once
                 self._loaded.pop(next(iter(self._loaded)))
+            ev = ShardEvaluator(self._docs("icl", k), self._docs("finetune", k), self.shards.rouge_rate)
         self._loaded[k] = ev
         return ev
 

@@ -169,6 +169,15 @@ class NerTrainResult:
     #: the BLAS libraries and the kernels they chose for this CPU (threadpoolctl), which the weights depend on
     blas: list[dict[str, Any]] = field(default_factory=list)
 
+    @classmethod
+    def write(cls, out: Path, documents: int, spans: int, epochs: int, seed: int, seconds: float,
+              losses: list[float], trained_on: dict[str, Any]) -> NerTrainResult:  # fmt: skip
+        """The result of a model just saved to ``out``: its digest and BLAS kernels taken, written beside it."""
+        res = cls(str(out), documents, spans, epochs, seed, seconds, losses, trained_on, model_digest(out),
+                  blas_kernels())  # fmt: skip
+        (out / META_FILE).write_text(json.dumps(asdict(res), indent=2) + "\n", encoding="utf-8")
+        return res
+
     def text(self) -> str:
         return (
             f"NER trained on {self.documents} documents ({self.spans} spans), {self.epochs} epochs, seed {self.seed}, "
@@ -302,12 +311,9 @@ def train_ner(
     # vary less from one update (and one seed) to the next than the last update's weights
     with nlp.select_pipes(enable=["ner"]), nlp.use_params(optimizer.averages if average_params else {}):
         nlp.to_disk(out)
-    res = NerTrainResult(str(out), len(docs), n_spans, epochs, seed, time.perf_counter() - t0, losses_by_epoch,
-                         dict(trained_on or {}, base_model=base_model, dropout=dropout, negatives=negatives,
-                              average_params=average_params,
-                              augment_share=augment_share if surrogates else 0.0,
-                              architecture="fine-tuned base NER" if width is None
-                              else f"fresh NER, tok2vec width {width}, depth {depth}"),
-                         model_digest(out), blas_kernels())  # fmt: skip
-    (out / META_FILE).write_text(json.dumps(asdict(res), indent=2) + "\n", encoding="utf-8")
-    return res
+    return NerTrainResult.write(out, len(docs), n_spans, epochs, seed, time.perf_counter() - t0, losses_by_epoch,
+                                dict(trained_on or {}, base_model=base_model, dropout=dropout, negatives=negatives,
+                                     average_params=average_params,
+                                     augment_share=augment_share if surrogates else 0.0,
+                                     architecture="fine-tuned base NER" if width is None
+                                     else f"fresh NER, tok2vec width {width}, depth {depth}"))  # fmt: skip

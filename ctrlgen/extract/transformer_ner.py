@@ -25,12 +25,12 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ctrlgen.errors import CtrlgenError
-from ctrlgen.extract.ner import LABELS, META_FILE, NerTrainResult, Surrogates, augment, blas_kernels, model_digest
+from ctrlgen.extract.ner import LABELS, META_FILE, NerTrainResult, Surrogates, augment
 from ctrlgen.schema import Document
 
 __all__ = [
@@ -334,10 +334,7 @@ def train_transformer_ner(
                 torch_threads=torch.get_num_threads(),
                 architecture=f"{model.config.model_type} token classifier, {model.config.num_hidden_layers} layers, "
                              f"hidden {model.config.hidden_size}")  # fmt: skip
-    res = NerTrainResult(str(out), len(docs), n_spans, epochs, seed, time.perf_counter() - t0, losses_by_epoch,
-                         info, model_digest(out), blas_kernels())  # fmt: skip
-    (out / META_FILE).write_text(json.dumps(asdict(res), indent=2) + "\n", encoding="utf-8")
-    return res
+    return NerTrainResult.write(out, len(docs), n_spans, epochs, seed, time.perf_counter() - t0, losses_by_epoch, info)
 
 
 def is_transformer_model(path: str | Path) -> bool:
