@@ -52,7 +52,10 @@ __all__ = [
 
 _COLUMNS = ["doc_id", "text", "metadata", "entities", "control_code"]  # metadata: the patient id
 _TRAIN_COLUMNS = ("input_ids", "labels", "private")
-_TOKENIZE_BLOCK = 256  # documents per tokeniser call
+_TOKENIZE_BATCH = 256  # documents per tokeniser call
+# Documents per block of the tokenising pass: the driver keeps state per block (Ray Data's executor), so small
+# blocks grow it with the corpus (blocks of 256: +50 MB from 200k to 2M documents; of 4,096: flat).
+_TOKENIZE_BLOCK = 4096
 _ROWS_PER_FILE = 20_000  # examples a write task gathers (one file per tokeniser block: 14,000 files at 2M notes)
 _STATE = "train_state.json"
 _HISTORY = "metrics.jsonl"
@@ -565,7 +568,7 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
         docs.repartition(target_num_rows_per_block=_TOKENIZE_BLOCK).map_batches(
             TokenizeActor,
             fn_constructor_kwargs={"cfg_json": cfg.model_dump_json()},
-            batch_size=_TOKENIZE_BLOCK,
+            batch_size=min(_TOKENIZE_BATCH, _TOKENIZE_BLOCK),
             batch_format="pyarrow",
             num_cpus=0.5,
             compute=ray.data.ActorPoolStrategy(size=t.tokenize_actors),  # preserve_order keeps the order
