@@ -22,7 +22,7 @@ Nothing corpus-sized reaches the driver or any one actor:
    row to every shard);
 3. the rows are sorted by shard and scored in batches by an actor pool (as many actors as the
    cluster has CPUs unless ``evaluation.num_actors`` says): an actor loads the shards its batches
-   name (ROUGE index, entity windows, value automaton; the last two shards kept) and scores each
+   name (ROUGE index, entity windows, value index; one shard at a time) and scores each
    row against what the shard holds (:class:`~ctrlgen.metrics.evaluate.ShardEvaluator`);
 4. ``groupby(doc_id, mode)`` merges a row's partials (:func:`~ctrlgen.metrics.evaluate.merge_partials`:
    union, maximum, any), checking every context document was found;
