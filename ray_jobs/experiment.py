@@ -181,6 +181,17 @@ class _Patients(Mapping[str, str]):
         return (str(s) for s in self._ids.to_pylist())
 
 
+def _split_rows(path: str, setting: str, split: str) -> int:
+    """Rows of one side of the patient split (from the files' footers); an empty side is an error."""
+    files = storage.parquet_files(path)
+    if not files:
+        raise CtrlgenError(
+            f"experiment: the {setting} setting's {split} split is empty ({path}): the corpus' notes come from too "
+            "few patients for experiment.test_fraction"
+        )
+    return int(storage.dataset(files).count_rows())
+
+
 def _write(rows: list[dict[str, Any]], path: str, schema: pa.Schema) -> str:
     """``rows`` as the one Parquet file of the directory ``path`` (a local path or a URI), replacing it."""
     from ray_jobs.common import reset_dir
@@ -527,7 +538,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
             _split_fn(x.split_seed, x.test_fraction), batch_format="pyarrow"
         ).write_parquet(dest, partition_cols=["split"], min_rows_per_file=_ROWS_PER_FILE)  # few, large files
         splits[setting] = {s: storage.join(dest, f"split={s}") for s in ("train", "test")}
-        n = {s: storage.dataset(storage.parquet_files(p)).count_rows() for s, p in splits[setting].items()}
+        n = {s: _split_rows(p, setting, s) for s, p in splits[setting].items()}
         _log(f"{setting}: {n['train']} train / {n['test']} test notes (split by patient)")
     # No corpus-sized state on the driver: the train split stays a dataset; notes are fetched by id when needed.
     train_ds = ray.data.read_parquet(splits["known"]["train"]).select_columns(_DOC_COLUMNS)

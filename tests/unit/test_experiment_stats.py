@@ -227,3 +227,17 @@ def test_canary_exposure_is_bootstrapped_over_the_canaries() -> None:
     assert "whole canaries resampled" in md
     [row] = summarize([{k: v for k, v in c.items() if k != "per_canary"} for c in cells])
     assert row["exposure"]["ci"] is None and math.isnan(row["exposure"]["lo"])
+
+
+def test_an_empty_side_of_the_patient_split_is_a_clear_error(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ctrlgen.errors import CtrlgenError
+    from ray_jobs.experiment import _split_rows
+
+    (tmp_path / "split=train").mkdir()
+    pq.write_table(pa.table({"doc_id": ["a", "b", "c"]}), tmp_path / "split=train" / "part-0.parquet")
+    assert _split_rows(str(tmp_path / "split=train"), "known", "train") == 3
+    with pytest.raises(CtrlgenError, match="known setting's test split is empty"):
+        _split_rows(str(tmp_path / "split=test"), "known", "test")
