@@ -181,15 +181,15 @@ class _Patients(Mapping[str, str]):
         return (str(s) for s in self._ids.to_pylist())
 
 
-def _split_rows(path: str, setting: str, split: str) -> int:
-    """Rows of one side of the patient split (from the files' footers); an empty side is an error."""
+def _split_rows(path: str, setting: str, split: str) -> tuple[int, list[str]]:
+    """Rows of one side of the patient split (from the files' footers) and its files; an empty side is an error."""
     files = storage.parquet_files(path)
     if not files:
         raise CtrlgenError(
             f"experiment: the {setting} setting's {split} split is empty ({path}): the corpus' notes come from too "
             "few patients for experiment.test_fraction"
         )
-    return int(storage.dataset(files).count_rows())
+    return int(storage.dataset(files).count_rows()), files
 
 
 def _write(rows: list[dict[str, Any]], path: str, schema: pa.Schema) -> str:
@@ -270,7 +270,8 @@ def _exposures(
 
     model, tok = load_causal_lm(cfg.model)
     if adapter is not None:
-        model = load_prefix_model(model, storage.local_copy(adapter))  # PEFT reads local files only
+        with storage.local_copy(adapter) as local:  # PEFT reads local files only
+            model = load_prefix_model(model, local)
 
     out = []
     for c in canaries:
@@ -329,7 +330,8 @@ def _semantic(pending: list[_Pending], util: _Utility, judge: Any, patients: Map
         items = [{"group": g, "doc_id": d.doc_id, "text": d.text} for g, recs in groups for d in recs]
         x = util.x
         # blocks of the attack's batch (from_items' default makes many small blocks); the attack itself (MiniLM
-        # on every claim, ~0.2 s a record on half a CPU) is most of its time: ~200 s of the CI matrix's ~6.4 min
+        # on every claim, ~0.2 s a record on half a CPU) is most of its time; the chance level's held-out notes
+        # (semantic_chance_documents per cell) are most of its records
         records = ray.data.from_items(items, override_num_blocks=max(1, -(-len(items) // _ATTACK_BATCH)))
         released = {g: [{"doc_id": f"out{i}", "text": t, "sources": list(src)}
                         for i, (t, src) in enumerate(zip(texts, sources, strict=True))]
@@ -530,6 +532,7 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
 
     # 1-2. Extraction per setting, split by patient.
     splits: dict[str, dict[str, str]] = {}
+    known_train_files: list[str] = []  # its first file gives the schema of the fine-tuning sets
     for setting in dict.fromkeys(["known", *settings]):
         c = _with(cfg, extraction__setting=setting, output_dir=storage.join(out, "extract", setting))
         src = extraction_input(c, None, f"experiment ({setting} entities)")
@@ -539,12 +542,14 @@ def run(cfg: CtrlgenConfig) -> ExperimentSummary:
         ).write_parquet(dest, partition_cols=["split"], min_rows_per_file=_ROWS_PER_FILE)  # few, large files
         splits[setting] = {s: storage.join(dest, f"split={s}") for s in ("train", "test")}
         n = {s: _split_rows(p, setting, s) for s, p in splits[setting].items()}
-        _log(f"{setting}: {n['train']} train / {n['test']} test notes (split by patient)")
+        if setting == "known":
+            known_train_files = n["train"][1]
+        _log(f"{setting}: {n['train'][0]} train / {n['test'][0]} test notes (split by patient)")
     # No corpus-sized state on the driver: the train split stays a dataset; notes are fetched by id when needed.
     train_ds = ray.data.read_parquet(splits["known"]["train"]).select_columns(_DOC_COLUMNS)
     # doc_id -> patient: the clusters of the intervals (outputs and attacked notes of one patient are not independent)
     patients = _Patients([splits["known"]["train"], splits["known"]["test"]])
-    schema = storage.parquet_file(storage.parquet_files(splits["known"]["train"])[0]).schema_arrow
+    schema = storage.parquet_file(known_train_files[0]).schema_arrow
     test_ds = ray.data.read_parquet(splits["known"]["test"]).select_columns(_DOC_COLUMNS)
     test_rows = seeded_sample(test_ds, x.test_documents, x.split_seed, "utility", ["doc_id", "text", "control_code"])
     test_texts = [r["text"] for r in test_rows]
