@@ -17,9 +17,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import uuid
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -244,12 +246,15 @@ def download(src: str, local_dir: str) -> str:
     return local_dir
 
 
-def local_copy(path: str) -> str:
-    """A local directory with the contents of ``path``: the path itself when it is local, else a
-    download into a new temporary directory (for libraries that read only local files, such
-    as PEFT's ``from_pretrained``)."""
+@contextlib.contextmanager
+def local_copy(path: str) -> Iterator[str]:
+    """A local directory with the contents of ``path`` while the ``with`` block runs: the path itself when it
+    is local, else a download into a temporary directory removed on exit (for libraries that read only local
+    files, such as PEFT's ``from_pretrained``, which holds what it read once it returns)."""
     import tempfile
 
     if not is_uri(path) or path.startswith("file://"):
-        return filesystem(path)[1]
-    return download(path, tempfile.mkdtemp(prefix="ctrlgen-"))
+        yield filesystem(path)[1]
+        return
+    with tempfile.TemporaryDirectory(prefix="ctrlgen-") as d:
+        yield download(path, d)

@@ -267,14 +267,12 @@ def _fan_out(n: int) -> Any:
 class ShardScorer:
     """map_batches over rows sorted by shard: score each row against the references of its shard, loading
     a shard's references (and indexing them) when a batch first names it. The rows come sorted by shard, so
-    an actor meets each shard in one run of rows: it keeps the last ``KEEP`` shards and lets the oldest go
-    *before* it indexes the next (the actor's peak is then one shard being built beside ``KEEP - 1`` kept)."""
-
-    KEEP = 1
+    an actor meets each shard in one run of rows: it holds one shard and lets it go *before* it indexes the
+    next (the actor's peak is one shard being indexed, never two)."""
 
     def __init__(self, shards: ReferenceShards) -> None:
         self.shards = shards
-        self._loaded: dict[int, ShardEvaluator] = {}  # insertion order = least recently used first
+        self._held: tuple[int, ShardEvaluator] | None = None  # (shard, its evaluator)
 
     def _docs(self, kind: str, k: int) -> dict[str, RealDoc]:
         d = self.shards.shard_dir(kind, k)
@@ -290,13 +288,10 @@ class ShardScorer:
         return out
 
     def evaluator(self, k: int) -> ShardEvaluator:
-        ev = self._loaded.pop(k, None)
-        if ev is None:
-            while len(self._loaded) >= self.KEEP:  # let go first: never two shards' notes being indexed at once
-                self._loaded.pop(next(iter(self._loaded)))
-            ev = ShardEvaluator(self._docs("icl", k), self._docs("finetune", k), self.shards.rouge_rate)
-        self._loaded[k] = ev
-        return ev
+        if self._held is None or self._held[0] != k:
+            self._held = None  # let go first: never two shards' notes being indexed at once
+            self._held = (k, ShardEvaluator(self._docs("icl", k), self._docs("finetune", k), self.shards.rouge_rate))
+        return self._held[1]
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         if not batch.num_rows:

@@ -83,7 +83,9 @@ def load_generation_engine(cfg: CtrlgenConfig, adapters: Mapping[str, str]) -> t
     if adapters:
         from ctrlgen.training.prefix import load_prefix_model
 
-        loaded = {name: load_prefix_model(model, storage.local_copy(path)) for name, path in adapters.items()}
+        for name, path in adapters.items():
+            with storage.local_copy(path) as local:  # PEFT reads local files only
+                loaded[name] = load_prefix_model(model, local)
     engine = build_engine(model, tokenizer, g.sampling, model_cfg=model_cfg, batch_size=g.batch_size, adapters=loaded)
     return engine, tokenizer
 

@@ -119,7 +119,8 @@ class Generator:
             for name, path in sv.adapters.items():
                 # Prefix tuning leaves the base model untouched: each adapter wraps the same weights.
                 # A local path or a URI (an s3:// adapter is downloaded once, here).
-                adapters[name] = load_prefix_model(model, storage.local_copy(path))
+                with storage.local_copy(path) as local:
+                    adapters[name] = load_prefix_model(model, local)
                 self.finetune[name] = ValueIndex(finetune_values(storage.join(storage.parent(path), "train_data")))
         self.engine = build_engine(model, tokenizer, g.sampling, model_cfg=cfg.model,
                                    batch_size=sv.generator_batch_size, adapters=adapters)  # fmt: skip

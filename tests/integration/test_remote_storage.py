@@ -39,8 +39,9 @@ def test_storage_round_trip_on_s3(s3_server, tmp_path):
     (tmp_path / "adapter").mkdir()
     (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
     storage.upload(str(tmp_path / "adapter"), storage.join(base, "adapter"))
-    local = storage.local_copy(storage.join(base, "adapter"))
-    assert Path(local, "adapter_config.json").read_text() == "{}"
+    with storage.local_copy(storage.join(base, "adapter")) as local:
+        assert Path(local, "adapter_config.json").read_text() == "{}"
+    assert not Path(local).exists()  # the download is removed with the block
     storage.remove(base)
     assert not storage.exists(base)
 

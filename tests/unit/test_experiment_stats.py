@@ -238,6 +238,7 @@ def test_an_empty_side_of_the_patient_split_is_a_clear_error(tmp_path):
 
     (tmp_path / "split=train").mkdir()
     pq.write_table(pa.table({"doc_id": ["a", "b", "c"]}), tmp_path / "split=train" / "part-0.parquet")
-    assert _split_rows(str(tmp_path / "split=train"), "known", "train") == 3
+    n, files = _split_rows(str(tmp_path / "split=train"), "known", "train")
+    assert n == 3 and [f.rsplit("/", 1)[-1] for f in files] == ["part-0.parquet"]
     with pytest.raises(CtrlgenError, match="known setting's test split is empty"):
         _split_rows(str(tmp_path / "split=test"), "known", "test")
