@@ -304,7 +304,7 @@ def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluste
         pa.Table.from_pylist(planted, schema=table.schema), tmp_path / "canaried" / "status=ok" / "a.parquet"
     )
     train = [*base, f"training.input={tmp_path / 'canaried'}", "training.variant=dp", "training.num_documents=null",
-             "training.dp.logical_batch=8", "training.epochs=15", "training.learning_rate=0.05",
+             "training.dp.logical_batch=8", "training.epochs=10", "training.learning_rate=0.05",
              "training.max_doc_tokens=16", "training.num_workers=1", "training.cpus_per_worker=1",
              "training.torch_threads=2", "training.checkpoint_every=1000", "training.log_every=10",
              "training.dp.unit=note", "training.require_code=false"]  # fmt: skip  # notes of few patients; hosts whose
@@ -322,7 +322,12 @@ def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluste
 
         texts = candidate_texts(canary, 199, seed=0)  # the canary first, then other secrets of its shape
         nlls = nll(texts)
-        scores[name] = exposure(canary, nll, n_candidates=199)[0]
+
+        def scored(asked, t=texts, n=nlls):  # exposure asks for the same candidates: scored once
+            assert asked == t
+            return n
+
+        scores[name] = exposure(canary, scored, n_candidates=199)[0]
         # How far below the other secrets the canary's NLL sits (nats): continuous, unlike a rank capped at 200.
         scores[name + "_gap"] = statistics.median(nlls[1:]) - nlls[0]
         scores[name + "_loss"] = _history(out)[-1]["loss"]
