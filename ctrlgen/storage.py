@@ -40,6 +40,7 @@ __all__ = [
     "parent",
     "parquet_file",
     "parquet_files",
+    "parquet_rows",
     "read_text",
     "remove",
     "upload",
@@ -202,6 +203,19 @@ def dataset(files: list[str], base: str | None = None) -> Any:
     return pads.dataset(
         inner, format="parquet", filesystem=fs, partitioning="hive", partition_base_dir=filesystem(base)[1]
     )
+
+
+def parquet_rows(files: list[str]) -> int:
+    """Rows of Parquet ``files`` from their footers, one footer at a time: memory of one footer, where a
+    ``pyarrow.dataset``'s ``count_rows`` keeps every file's decoded metadata (a training set of 2M examples in
+    row groups of 128 rows: ~130 MB, kept by the allocator after the count)."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for f in files:
+        fs, p = filesystem(f)
+        total += pq.read_metadata(p, filesystem=fs).num_rows
+    return total
 
 
 def parquet_file(path: str) -> Any:

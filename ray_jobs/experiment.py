@@ -189,7 +189,7 @@ def _split_rows(path: str, setting: str, split: str) -> tuple[int, list[str]]:
             f"experiment: the {setting} setting's {split} split is empty ({path}): the corpus' notes come from too "
             "few patients for experiment.test_fraction"
         )
-    return int(storage.dataset(files).count_rows()), files
+    return storage.parquet_rows(files), files
 
 
 def _write(rows: list[dict[str, Any]], path: str, schema: pa.Schema) -> str:

@@ -264,7 +264,7 @@ def _count(out: str, driver_quarantine: list[Quarantined]) -> tuple[int, int, Co
             for v in pc.value_counts(pc.list_flatten(chunk).field("category")):
                 cats[v["values"].as_py()] += v["counts"].as_py()
     bad = storage.list_files(storage.join(out, "status=quarantined"), ".parquet")
-    quarantined = storage.dataset(bad).count_rows() if bad else 0
+    quarantined = storage.parquet_rows(bad)
     return ok, quarantined + len(driver_quarantine), cats, empty
 
 

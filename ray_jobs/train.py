@@ -508,7 +508,7 @@ def _count(path: str) -> tuple[int, int]:
     n = {}
     for status in ("ok", "quarantined"):
         files = storage.list_files(storage.join(path, f"status={status}"), ".parquet")
-        n[status] = storage.dataset(files).count_rows() if files else 0
+        n[status] = storage.parquet_rows(files)
     return n["ok"], n["quarantined"]
 
 

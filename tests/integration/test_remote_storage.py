@@ -32,6 +32,7 @@ def test_storage_round_trip_on_s3(s3_server, tmp_path):
     assert storage.is_dir(base) and storage.read_text(storage.join(base, "_commits", "a")) == "marker"
     files = storage.parquet_files(base)
     assert files == [f"s3://{S3_BUCKET}/roundtrip/mode=icl/p.parquet"]
+    assert storage.parquet_rows(files) == 2 and storage.parquet_rows([]) == 0
     assert storage.dataset(files, base=base).to_table().to_pylist() == [
         {"x": 1, "mode": "icl"},
         {"x": 2, "mode": "icl"},

@@ -36,3 +36,22 @@ def test_write_read_list_remove(tmp_path, kind):
     storage.remove(base)
     assert not storage.exists(base) and storage.list_files(base) == []
     storage.remove(base)  # already gone: nothing
+
+
+@pytest.mark.parametrize("kind", ["plain", "file"])
+def test_parquet_rows_sums_the_footers(tmp_path, kind):
+    import pyarrow as pa
+
+    base = str(tmp_path / "p") if kind == "plain" else f"file://{tmp_path / 'p'}"
+    for name, n in (("a", 3), ("b", 0), ("c", 130)):
+        table = pa.table({"x": list(range(n))}, schema=pa.schema([("x", pa.int64())]))
+        storage.write_parquet(table, storage.join(base, f"{name}.parquet"), row_group_size=16)
+    files = storage.list_files(base, ".parquet")
+    assert storage.parquet_rows(files) == 133 == storage.dataset(files).count_rows()
+    assert storage.parquet_rows([]) == 0
+
+
+def test_local_copy_of_a_local_path_is_the_path(tmp_path):
+    with storage.local_copy(str(tmp_path)) as d:
+        assert d == str(tmp_path)
+    assert tmp_path.exists()  # never removed: only downloads are
