@@ -454,17 +454,18 @@ def report(data: dict[str, Any]) -> str:
         if a is None and b is None:
             continue
         row = [name, cell(a, "time"), cell(b, "time")]
-        if ok(a) and ok(b):
+        both = ok(a) and ok(b)
+        if both:
             assert a is not None and b is not None
             tr, rr = b["seconds"] / max(a["seconds"], 1e-9), b["peak_rss_mb"] / a["peak_rss_mb"]
-            row.append(f"{tr:.1f} ({'met' if tr <= 12 else 'NOT met'})")
-        else:
-            row.append("-")
+        row.append(f"{tr:.1f} ({'met' if tr <= 12 else 'NOT met'})" if both else "-")
         row += [cell(a, "rss"), cell(b, "rss")]
-        if name == "scorer":  # a build process holds the shard it builds: see the paragraph under the table
-            row.append(f"n/a (build: {rr:.2f})" if ok(a) and ok(b) else "-")
+        if not both:
+            row.append("-")
+        elif name == "scorer":  # a build process holds the shard it builds: see the paragraph under the table
+            row.append(f"n/a (build: {rr:.2f})")
         else:
-            row.append(f"{rr:.2f} ({'met' if rr <= 1.2 else 'NOT met'})" if ok(a) and ok(b) else "-")
+            row.append(f"{rr:.2f} ({'met' if rr <= 1.2 else 'NOT met'})")
         last = b if ok(b) else a if ok(a) else None  # the large size's figures, else the small one's (marked)
         tag = "" if last is b else f" (at {small:,})"
         if last is None:
