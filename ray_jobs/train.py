@@ -512,6 +512,16 @@ def _count(path: str) -> tuple[int, int]:
     return n["ok"], n["quarantined"]
 
 
+def _check_layout(layout: Any, ok: int, data_dir: str) -> None:
+    """The example files hold the rows counted when they were written (a resumed run's files can have
+    changed on storage since)."""
+    found = sum(sum(groups) for _, groups in layout)
+    if found != ok:
+        raise CtrlgenError(
+            f"{data_dir} holds {found} examples but {ok} were written: set training.resume=false to tokenise again"
+        )
+
+
 def _resolve(path: str) -> str:
     """Paths in configs are relative to the working directory, else to the project root."""
     p = Path(path)
@@ -661,11 +671,7 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
     # The examples in training order (file names sort in write order) and their row groups:
     # each rank reads its own share straight from storage (see the loops).
     layout = example_layout(storage.list_files(storage.join(data_dir, "status=ok"), ".parquet"))
-    if sum(sum(groups) for _, groups in layout) != ok:  # e.g. files of a resumed run changed on storage
-        raise CtrlgenError(
-            f"{data_dir} holds {sum(sum(g) for _, g in layout)} examples but {ok} were written: set "
-            "training.resume=false to tokenise again"
-        )
+    _check_layout(layout, ok, data_dir)
     plan, dp_units = _dp_plan(cfg, layout, ok) if dp else (None, None)
     steps_per_epoch = ok // t.batch_size // t.num_workers  # full rounds of one batch per worker
     if plan is not None:

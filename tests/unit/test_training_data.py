@@ -178,6 +178,24 @@ def test_rank_shards_are_disjoint_contiguous_and_read_only_their_row_groups(tmp_
     assert rest == list(range(48, 56)) and count.rows == 8
 
 
+def test_example_files_that_changed_since_they_were_counted_are_refused(tmp_path):
+    """A resumed run trains on the examples its counts file recorded: a file gone from storage since is an error."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ctrlgen.errors import CtrlgenError
+    from ctrlgen.training.data import example_layout
+    from ray_jobs.train import _check_layout
+
+    files = []
+    for k in range(2):
+        pq.write_table(pa.table({"input_ids": [[1, 2]] * 12}), tmp_path / f"examples-{k}.parquet", row_group_size=8)
+        files.append(str(tmp_path / f"examples-{k}.parquet"))
+    _check_layout(example_layout(files), 24, str(tmp_path))
+    with pytest.raises(CtrlgenError, match="holds 12 examples but 24 were written"):
+        _check_layout(example_layout(files[:1]), 24, str(tmp_path))
+
+
 def test_read_rows_takes_scattered_rows_from_only_their_row_groups(tmp_path):
     """A DP worker's notes (its patients') lie anywhere in the training order: read_rows returns exactly them,
     in order, opening only the row groups that hold one."""
