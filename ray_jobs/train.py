@@ -504,18 +504,22 @@ class TrainSummary:
         )
 
 
-def _count(path: str) -> tuple[int, int]:
-    n = {}
-    for status in ("ok", "quarantined"):
-        files = storage.list_files(storage.join(path, f"status={status}"), ".parquet")
-        n[status] = storage.parquet_rows(files)
-    return n["ok"], n["quarantined"]
+def _layout(data_dir: str) -> Any:
+    """The examples in training order (file names sort in write order) and their row groups, from the
+    footers: each rank reads its own share straight from storage (see the loops)."""
+    from ctrlgen.training.data import example_layout
+
+    return example_layout(storage.list_files(storage.join(data_dir, "status=ok"), ".parquet"))
+
+
+def _rows(layout: Any) -> int:
+    return sum(sum(groups) for _, groups in layout)
 
 
 def _check_layout(layout: Any, ok: int, data_dir: str) -> None:
     """The example files hold the rows counted when they were written (a resumed run's files can have
     changed on storage since)."""
-    found = sum(sum(groups) for _, groups in layout)
+    found = _rows(layout)
     if found != ok:
         raise CtrlgenError(
             f"{data_dir} holds {found} examples but {ok} were written: set training.resume=false to tokenise again"
@@ -555,8 +559,9 @@ def _read_manifest(data_dir: str) -> dict[str, Any] | None:
         return None
 
 
-def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, int]:
-    """Extraction rows -> training examples (Parquet by status); returns documents, ok, quarantined."""
+def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, Any, int]:
+    """Extraction rows -> training examples (Parquet by status); returns documents, the examples' layout
+    (their count is its rows) and the quarantined count."""
     import ray
     from ray.data.datasource import FilenameProvider
 
@@ -592,10 +597,12 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, int, in
         )
     # sampled documents are materialized (a cheap count); the whole input is counted from one small column
     n_docs = docs.count() if t.num_documents is not None else count_eligible(src, t.require_code)
-    ok, bad = _count(data_dir)
+    layout = _layout(data_dir)
+    ok = _rows(layout)
+    bad = storage.parquet_rows(storage.list_files(storage.join(data_dir, "status=quarantined"), ".parquet"))
     if ok + bad != n_docs:
         raise CtrlgenError(f"{n_docs} documents in but {ok} examples + {bad} quarantined written to {data_dir}")
-    return n_docs, ok, bad
+    return n_docs, layout, bad
 
 
 def _dp_plan(cfg: CtrlgenConfig, layout: Any, examples: int) -> tuple[Any, list[int]]:
@@ -635,7 +642,6 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from ctrlgen.training.data import example_layout
     from ray_jobs.common import extraction_input, reset_dir
     from ray_jobs.runtime import init_ray
 
@@ -659,19 +665,18 @@ def run(cfg: CtrlgenConfig) -> TrainSummary:
         counts = json.loads(storage.read_text(storage.join(data_dir, _COUNTS)))
         n_docs, ok, bad = counts["documents"], counts["ok"], counts["quarantined"]
         print(f"train: resuming run {t.run_name}: reusing the examples in {data_dir}", file=sys.stderr, flush=True)
+        layout = _layout(data_dir)
+        _check_layout(layout, ok, data_dir)
     else:
         src = extraction_input(cfg, t.input, "train")
         init_ray(cfg)
-        n_docs, ok, bad = _tokenize(cfg, src, reset_dir(data_dir))
+        n_docs, layout, bad = _tokenize(cfg, src, reset_dir(data_dir))
+        ok = _rows(layout)
         counts = {"documents": n_docs, "ok": ok, "quarantined": bad}
         storage.write_text(storage.join(data_dir, _COUNTS), json.dumps(counts) + "\n")
         storage.write_text(storage.join(data_dir, _MANIFEST), json.dumps(manifest, indent=2) + "\n")
     init_ray(cfg)
     storage.makedirs(store)
-    # The examples in training order (file names sort in write order) and their row groups:
-    # each rank reads its own share straight from storage (see the loops).
-    layout = example_layout(storage.list_files(storage.join(data_dir, "status=ok"), ".parquet"))
-    _check_layout(layout, ok, data_dir)
     plan, dp_units = _dp_plan(cfg, layout, ok) if dp else (None, None)
     steps_per_epoch = ok // t.batch_size // t.num_workers  # full rounds of one batch per worker
     if plan is not None:

@@ -24,16 +24,40 @@ def _adapter(path):
     return load_file(str(path / "adapter" / "adapter_model.safetensors"))
 
 
-def test_train_two_workers_then_generate_from_the_prefix(ray_cluster, tmp_path, shared, capsys):
+@pytest.fixture(scope="module")
+def trained(ray_cluster, tmp_path_factory, shared):
+    """One run of the tiny config (2 workers, 4 steps), shared: its adapter, its printed summary, and its
+    extraction output, which the other runs of this module train on (`training.input`) instead of extracting
+    again. Tests only read it (or write beside it)."""
+    import contextlib
+    import glob
+    import io
+    import tempfile
+
+    from ctrlgen.cli import main
+
+    staged = os.path.join(tempfile.gettempdir(), "ctrlgen-ckpt-*")  # where the workers stage checkpoints
+    before = set(glob.glob(staged))
+    out = tmp_path_factory.mktemp("trained") / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["train", "-c", CONFIG, f"output_dir={out}", f"corpus.path={shared / 'physionet-deid'}"]) == 0
+    assert set(glob.glob(staged)) <= before  # staged checkpoints are gone once reported
+    return out, printed.getvalue()
+
+
+def _input(trained):
+    return f"training.input={trained[0] / 'extracted'}"
+
+
+def test_train_two_workers_then_generate_from_the_prefix(trained, tmp_path, shared, capsys):
     from peft import PeftModel
 
     from ctrlgen.cli import main
     from ctrlgen.models import tiny_llama
 
-    out = tmp_path / "run"
+    out, printed = trained
     overrides = [f"output_dir={out}", f"corpus.path={shared / 'physionet-deid'}"]
-    assert main(["train", "-c", CONFIG, *overrides]) == 0
-    printed = capsys.readouterr().out
     assert "documents 32 -> examples 32 (quarantined 0)" in printed and "steps 4 (resumed from 0)" in printed
     history = [json.loads(x) for x in (out / "training" / "metrics.jsonl").read_text().splitlines()]
     assert [h["step"] for h in history] == [1, 2, 3, 4]
@@ -75,24 +99,18 @@ def test_train_two_workers_then_generate_from_the_prefix(ray_cluster, tmp_path, 
     assert generate_cells(cfg, cells, resume=True) == {"prefix": 0, "icl": 0}
 
 
-def test_stopped_run_resumes_from_its_checkpoint_exactly(ray_cluster, tmp_path, shared, capsys):
-    """2 workers, 2 steps, stop; rerun to 4: it continues at step 3 and ends where an uninterrupted run ends.
+def test_stopped_run_resumes_from_its_checkpoint_exactly(trained, tmp_path, shared, capsys):
+    """2 workers, 2 steps, stop; rerun to 4: it continues at step 3 and ends where an uninterrupted run (the
+    shared 4-step run) ends.
 
     Exact: the prefix, the AdamW moments and the step are restored, and the data order is fixed
     (every worker reads its own contiguous share of the examples, in file order).
     """
-    import glob
-    import tempfile
-
     from ctrlgen.cli import main
 
-    staged = os.path.join(tempfile.gettempdir(), "ctrlgen-ckpt-*")  # where the workers stage checkpoints
-    before = set(glob.glob(staged))
     common = [f"corpus.path={shared / 'physionet-deid'}"]
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    assert main(["train", "-c", CONFIG, *common, f"output_dir={straight}", "training.max_steps=4"]) == 0
-    assert set(glob.glob(staged)) <= before  # staged checkpoints are gone once reported
-    extracted = f"training.input={straight / 'extracted'}"
+    straight, stopped = trained[0], tmp_path / "stopped"
+    extracted = _input(trained)
     assert main(["train", "-c", CONFIG, *common, extracted, f"output_dir={stopped}", "training.max_steps=2"]) == 0
     first = _adapter(stopped)
     capsys.readouterr()
@@ -118,7 +136,7 @@ def test_prefix_generation_without_an_adapter_is_a_clear_error(ray_cluster, tmp_
     assert "needs a PEFT adapter" in capsys.readouterr().err
 
 
-def test_a_killed_run_resumes_from_its_last_checkpoint(ray_cluster, tmp_path, shared, capsys):
+def test_a_killed_run_resumes_from_its_last_checkpoint(trained, tmp_path, shared, capsys):
     """The job's process (and the local Ray cluster it started) is SIGKILLed mid-run; a re-run continues."""
     import os
     import signal
@@ -129,7 +147,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(ray_cluster, tmp_path, sh
     from ctrlgen.cli import main
 
     out = tmp_path / "run"
-    args = [f"output_dir={out}", f"corpus.path={shared / 'physionet-deid'}", "training.epochs=4",
+    args = [f"output_dir={out}", f"corpus.path={shared / 'physionet-deid'}", _input(trained), "training.epochs=4",
             "training.checkpoint_every=4"]  # fmt: skip
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.Popen([sys.executable, "-m", "ray_jobs.train", "-c", CONFIG, *args], env=env,
@@ -153,23 +171,22 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(ray_cluster, tmp_path, sh
     assert [h["step"] for h in history] == list(range(1, 17))
 
 
-def test_more_tokeniser_actors_make_the_same_examples_in_the_same_order(ray_cluster, tmp_path, shared, monkeypatch):
+def test_more_tokeniser_actors_make_the_same_examples_in_the_same_order(trained, tmp_path, shared, monkeypatch):
     import ray_jobs.train
     from ctrlgen import storage
     from ctrlgen.config import load_config
-    from ray_jobs.extract import run as run_extract
     from ray_jobs.train import _tokenize
 
     cfg = load_config(CONFIG, [f"corpus.path={shared / 'physionet-deid'}", f"output_dir={tmp_path}",
                                "training.num_documents=null"])  # fmt: skip
-    src = storage.join(run_extract(cfg).output, "status=ok")
+    src = str(trained[0] / "extracted" / "status=ok")  # every extracted note
     monkeypatch.setattr(ray_jobs.train, "_TOKENIZE_BLOCK", 8)  # several blocks, so every actor gets some
     orders = []
     for actors in (1, 3):
         c = cfg.model_copy(update={"training": cfg.training.model_copy(update={"tokenize_actors": actors})})
         out = str(tmp_path / f"examples-{actors}")
-        n_docs, ok, bad = _tokenize(c, src, out)
-        assert n_docs == ok + bad > 32  # every note with a control code
+        n_docs, layout, bad = _tokenize(c, src, out)
+        assert n_docs == sum(sum(groups) for _, groups in layout) + bad > 32  # every note with a control code
         files = storage.list_files(storage.join(out, "status=ok"), ".parquet")
         orders.append([(r["doc_id"], r["input_ids"]) for r in storage.dataset(files).to_table().to_pylist()])
     assert orders[0] == orders[1]
@@ -179,21 +196,21 @@ def _history(out):
     return [json.loads(x) for x in (out / "training" / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_dp_sgd_adds_one_noise_draw_per_logical_batch_on_one_or_two_workers(ray_cluster, tmp_path, shared, capsys):
+def test_dp_sgd_adds_one_noise_draw_per_logical_batch_on_one_or_two_workers(trained, tmp_path, shared, capsys):
     """training.variant=dp: the same logical batch on 1 and 2 workers has the same sigma and sample rate, and
     the noise measured in every update is sigma * C (one draw for the logical batch, not one per worker:
     that would be sigma * C * sqrt(2)). The epsilon recorded beside the adapter is the accountant's."""
     from ctrlgen.cli import main
     from ctrlgen.training.dp import epsilon_spent
 
-    common = [f"corpus.path={shared / 'physionet-deid'}", "training.variant=dp", "training.dp.logical_batch=8",
+    common = [f"corpus.path={shared / 'physionet-deid'}", _input(trained), "training.variant=dp", "training.dp.logical_batch=8",
               "training.dp.max_grad_norm=0.0001", "training.max_steps=3", "training.epochs=1",
               "training.dp.unit=note"]  # fmt: skip  # the 32 notes come from a few patients
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(["train", "-c", CONFIG, *common, f"output_dir={two}"]) == 0
     assert "DP-SGD: epsilon" in capsys.readouterr().out
-    assert main(["train", "-c", CONFIG, *common, f"output_dir={one}", f"training.input={two / 'extracted'}",
-                 "training.num_workers=1", "training.cpus_per_worker=1"]) == 0  # fmt: skip
+    assert main(["train", "-c", CONFIG, *common, f"output_dir={one}", "training.num_workers=1",
+                 "training.cpus_per_worker=1"]) == 0  # fmt: skip
     p1, p2 = (json.loads((o / "adapter" / "privacy.json").read_text()) for o in (one, two))
     for key in ("sample_rate", "noise_multiplier", "steps", "logical_batch", "examples", "units"):
         assert p1[key] == p2[key]
@@ -214,8 +231,7 @@ def test_dp_sgd_adds_one_noise_draw_per_logical_batch_on_one_or_two_workers(ray_
     # LoRA instead of the prefix (training.adapter=lora): its matrices get the same clipping and one noise
     # draw per logical batch; the adapter is a standard PEFT LoRA adapter the prefix mode can load.
     lora = tmp_path / "lora"
-    assert main(["train", "-c", CONFIG, *common, f"output_dir={lora}", f"training.input={two / 'extracted'}",
-                 "training.adapter=lora"]) == 0  # fmt: skip
+    assert main(["train", "-c", CONFIG, *common, f"output_dir={lora}", "training.adapter=lora"]) == 0
     assert json.loads((lora / "adapter" / "adapter_config.json").read_text())["peft_type"] == "LORA"
     assert json.loads((lora / "adapter" / "privacy.json").read_text())["noise_multiplier"] == p2["noise_multiplier"]
     for h in _history(lora):
@@ -232,7 +248,7 @@ def test_dp_sgd_adds_one_noise_draw_per_logical_batch_on_one_or_two_workers(ray_
     assert all(r.error is None and r.new_tokens == 4 for r in out)
 
 
-def test_dp_sgd_per_patient_draws_secret_noise_and_stamps_reproducible_runs(ray_cluster, tmp_path, shared, capsys):
+def test_dp_sgd_per_patient_draws_secret_noise_and_stamps_reproducible_runs(trained, tmp_path, shared, capsys):
     """The default privacy unit on PhysioNet (every note names its patient) is the patient: q over patients,
     one clipped gradient per drawn patient, epsilon = Opacus's accountant at that rate. Two runs of one config
     draw different noise (OS entropy); a training.dp.reproducible_noise run is stamped not private in
@@ -242,15 +258,14 @@ def test_dp_sgd_per_patient_draws_secret_noise_and_stamps_reproducible_runs(ray_
 
     from ctrlgen.cli import main
 
-    common = [f"corpus.path={shared / 'physionet-deid'}", "training.variant=dp", "training.dp.logical_batch=2",
+    common = [f"corpus.path={shared / 'physionet-deid'}", _input(trained), "training.variant=dp", "training.dp.logical_batch=2",
               "training.dp.noise_multiplier=1.0", "training.dp.max_grad_norm=0.0001", "training.max_steps=2",
               "training.epochs=1", "training.checkpoint_every=1000"]  # fmt: skip
     runs = {name: tmp_path / name for name in ("a", "b", "seeded")}
     assert main(["train", "-c", CONFIG, *common, f"output_dir={runs['a']}"]) == 0
     capsys.readouterr()
-    extracted = f"training.input={runs['a'] / 'extracted'}"
-    assert main(["train", "-c", CONFIG, *common, extracted, f"output_dir={runs['b']}"]) == 0
-    assert main(["train", "-c", CONFIG, *common, extracted, f"output_dir={runs['seeded']}",
+    assert main(["train", "-c", CONFIG, *common, f"output_dir={runs['b']}"]) == 0
+    assert main(["train", "-c", CONFIG, *common, f"output_dir={runs['seeded']}",
                  "training.dp.reproducible_noise=true"]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     patients = {r["patient"] for r in pq.read_table(runs["a"] / "train_data" / "status=ok").to_pylist()}
@@ -277,7 +292,7 @@ def test_dp_sgd_per_patient_draws_secret_noise_and_stamps_reproducible_runs(ray_
     assert all("not_private" not in priv[n] and priv[n]["reproducible_noise"] is False for n in ("a", "b"))
 
 
-def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluster, tmp_path, shared):
+def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(trained, tmp_path, shared):
     """SmolLM2 (the tiny random model cannot memorise a secret), 16 notes that all start with one canary:
     the same optimiser without noise (sigma 0, epsilon infinite) memorises it; at epsilon 8 it does not."""
     import pyarrow as pa
@@ -291,8 +306,7 @@ def test_dp_sgd_at_epsilon_8_exposes_a_canary_less_than_without_noise(ray_cluste
     from ctrlgen.training.prefix import load_prefix_model
 
     base = [f"corpus.path={shared / 'physionet-deid'}", "model.name=smollm2-135m"]
-    extracted = tmp_path / "extracted"
-    assert main(["extract", "-c", CONFIG, *base, f"output_dir={tmp_path}"]) == 0
+    extracted = trained[0] / "extracted"  # the tiny config's extraction (it does not depend on the model)
     table = pa.concat_tables([pq.read_table(f) for f in sorted((extracted / "status=ok").glob("*.parquet"))])
     canary = make_canaries(1, seed=0, repeats=(16,))[0]
     # Out of the control code (Carlini et al.'s setting): with the secret in the prompt a model lowers its loss
