@@ -60,9 +60,10 @@ def sections_of(text: str) -> dict[str, str]:
     return {m.group(1): m.group(0) for m in _SECTION.finditer(text)}
 
 
-def write_section(title: str, body: str) -> None:
+def write_section(title: str, body: str, run_date: str | None = None) -> None:
+    """Set one section of the page; ``run_date`` (YYYY-MM-DD) when the figures are older than today (a re-render)."""
     sections = sections_of(DOC.read_text()) if DOC.exists() else {}
-    sections[title] = f"## {title}\n\n_Run on {date.today().isoformat()}._\n\n{body.strip()}\n"
+    sections[title] = f"## {title}\n\n_Run on {run_date or date.today().isoformat()}._\n\n{body.strip()}\n"
     DOC.write_text(render(sections))
 
 

@@ -349,7 +349,7 @@ def _write(data: dict[str, Any], out: Path, final: bool) -> None:
     if final:
         from _report import write_section
 
-        write_section("MIMIC-scale rehearsal", report(data))
+        write_section("MIMIC-scale rehearsal", report(data), run_date=data["date"])
         text = sizing(data)
         if text:
             _write_block(CLUSTER_DOC, text)

@@ -32,13 +32,16 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import ConfigError, CtrlgenError
+
+if TYPE_CHECKING:
+    from ctrlgen.training.data import ExampleLayout
 
 __all__ = [
     "TokenizeActor",
@@ -504,7 +507,7 @@ class TrainSummary:
         )
 
 
-def _layout(data_dir: str) -> Any:
+def _layout(data_dir: str) -> ExampleLayout:
     """The examples in training order (file names sort in write order) and their row groups, from the
     footers: each rank reads its own share straight from storage (see the loops)."""
     from ctrlgen.training.data import example_layout
@@ -512,11 +515,11 @@ def _layout(data_dir: str) -> Any:
     return example_layout(storage.list_files(storage.join(data_dir, "status=ok"), ".parquet"))
 
 
-def _rows(layout: Any) -> int:
+def _rows(layout: ExampleLayout) -> int:
     return sum(sum(groups) for _, groups in layout)
 
 
-def _check_layout(layout: Any, ok: int, data_dir: str) -> None:
+def _check_layout(layout: ExampleLayout, ok: int, data_dir: str) -> None:
     """The example files hold the rows counted when they were written (a resumed run's files can have
     changed on storage since)."""
     found = _rows(layout)
@@ -559,7 +562,7 @@ def _read_manifest(data_dir: str) -> dict[str, Any] | None:
         return None
 
 
-def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, Any, int]:
+def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, ExampleLayout, int]:
     """Extraction rows -> training examples (Parquet by status); returns documents, the examples' layout
     (their count is its rows) and the quarantined count."""
     import ray
@@ -605,7 +608,7 @@ def _tokenize(cfg: CtrlgenConfig, src: str, data_dir: str) -> tuple[int, Any, in
     return n_docs, layout, bad
 
 
-def _dp_plan(cfg: CtrlgenConfig, layout: Any, examples: int) -> tuple[Any, list[int]]:
+def _dp_plan(cfg: CtrlgenConfig, layout: ExampleLayout, examples: int) -> tuple[Any, list[int]]:
     """The DP-SGD plan over the run's privacy units, and the unit of every example (in training order)."""
     from ctrlgen.training.data import rank_batches
     from ctrlgen.training.dp import dp_plan, privacy_units

@@ -28,7 +28,8 @@ def _adapter(path):
 def trained(ray_cluster, tmp_path_factory, shared):
     """One run of the tiny config (2 workers, 4 steps), shared: its adapter, its printed summary, and its
     extraction output, which the other runs of this module train on (`training.input`) instead of extracting
-    again. Tests only read it (or write beside it)."""
+    again. Tests read it; only the two-worker test writes into it (its generation, `<run>/generated`, which no
+    other test reads)."""
     import contextlib
     import glob
     import io
@@ -175,7 +176,7 @@ def test_more_tokeniser_actors_make_the_same_examples_in_the_same_order(trained,
     import ray_jobs.train
     from ctrlgen import storage
     from ctrlgen.config import load_config
-    from ray_jobs.train import _tokenize
+    from ray_jobs.train import _rows, _tokenize
 
     cfg = load_config(CONFIG, [f"corpus.path={shared / 'physionet-deid'}", f"output_dir={tmp_path}",
                                "training.num_documents=null"])  # fmt: skip
@@ -186,7 +187,7 @@ def test_more_tokeniser_actors_make_the_same_examples_in_the_same_order(trained,
         c = cfg.model_copy(update={"training": cfg.training.model_copy(update={"tokenize_actors": actors})})
         out = str(tmp_path / f"examples-{actors}")
         n_docs, layout, bad = _tokenize(c, src, out)
-        assert n_docs == sum(sum(groups) for _, groups in layout) + bad > 32  # every note with a control code
+        assert n_docs == _rows(layout) + bad > 32  # every note with a control code
         files = storage.list_files(storage.join(out, "status=ok"), ".parquet")
         orders.append([(r["doc_id"], r["input_ids"]) for r in storage.dataset(files).to_table().to_pylist()])
     assert orders[0] == orders[1]
