@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from ctrlgen import storage
 from ctrlgen.config import CtrlgenConfig, MimicCorpusConfig
 from ctrlgen.corpora import read_corpus
 from ctrlgen.corpora.mimic import noteevent_shards, open_parquet
-from ctrlgen.errors import CtrlgenError
+from ctrlgen.errors import CorpusError, CtrlgenError
 from ctrlgen.schema import DOCUMENT_SCHEMA, Document, Quarantined
 
 __all__ = ["ExtractActor", "ExtractSummary", "StatusParquetSink", "main", "run"]
@@ -195,21 +195,15 @@ def _dataset(
                 kind = "noteevents"
             # Several blocks per actor, so that all of them get work and finish close together.
             return _read_parquet(parquet, rows_per_block, 4 * cfg.extraction.num_actors), kind, True
-        import pyarrow.csv as pacsv
+        from ctrlgen.corpora._common import csv_header
 
-        from ctrlgen.corpora._common import open_csv_as_bytes
-
-        names, _ = open_csv_as_bytes(csvs[0])
+        for f in csvs:  # each header, here: an unreadable file fails before any task starts
+            csv_header(f)
         read_warnings.extend(_compressed_csv_warnings(csvs))
-        return (
-            ray.data.read_csv(
-                csvs,
-                parse_options=pacsv.ParseOptions(newlines_in_values=True),
-                convert_options=pacsv.ConvertOptions(column_types={n: pa.binary() for n in names}),
-            ),
-            "noteevents",
-            False,
-        )
+        # One read task per file, as Ray Data's own CSV reader would, but through ctrlgen's reader: a malformed
+        # row fails the file with its row number and shape, never with the row's text (Arrow's message quotes it).
+        files_ds = ray.data.from_items([{"path": f} for f in csvs], override_num_blocks=len(csvs))
+        return files_ds.map_batches(_read_csv_files, batch_size=1, batch_format="pyarrow"), "noteevents", False
     docs: list[dict[str, Any]] = []
     for rec in read_corpus(corpus):
         if isinstance(rec, Document):
@@ -218,6 +212,22 @@ def _dataset(
             driver_quarantine.append(rec)
     table = pa.Table.from_pylist(docs, schema=DOCUMENT_SCHEMA)
     return ray.data.from_arrow(table), "documents", False
+
+
+def _read_csv_files(batch: pa.Table) -> Iterator[pa.Table]:
+    """Ray Data task: each NOTEEVENTS CSV path of ``batch`` read as Arrow tables with every column as bytes
+    (``CorpusError`` naming the file and the row after which it is malformed)."""
+    from ctrlgen.corpora._common import csv_error_summary, open_csv_as_bytes
+
+    for path in batch.column("path").to_pylist():
+        _, reader = open_csv_as_bytes(path)
+        row = 0
+        try:
+            for rb in reader:
+                row += rb.num_rows
+                yield pa.Table.from_batches([rb])
+        except pa.ArrowInvalid as exc:
+            raise CorpusError(f"{path} is not a well-formed CSV after data row {row} ({csv_error_summary(exc)})") from None
 
 
 #: A gzip NOTEEVENTS file above this size gets a warning: one task decompresses and parses it whole.

@@ -384,8 +384,9 @@ async def _audit(request: Request) -> None:
 def _released_view(o: dict[str, Any]) -> dict[str, Any]:
     """An output as a release-scope token sees it: no real document ids, no gate counts."""
     view = {k: v for k, v in o.items() if k not in ("context_ids", "template_id", "attempts")}
-    if not o["released"] and not str(o.get("withheld_reason", "")).startswith("generation failed"):
-        view["withheld_reason"] = "withheld by the release gate"
+    if not o["released"]:  # no detail: a failure's detail counts the prompt's tokens, the real contexts' size
+        failed = str(o.get("withheld_reason", "")).startswith("generation failed")
+        view["withheld_reason"] = "generation failed" if failed else "withheld by the release gate"
     return view
 
 

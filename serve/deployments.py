@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ray import serve
 
@@ -50,6 +52,38 @@ def contexts_path(cfg: CtrlgenConfig) -> str:
 def references_path(cfg: CtrlgenConfig) -> str:
     """The extraction output /v1/score compares with."""
     return cfg.serve.references or contexts_path(cfg)
+
+
+
+class ReplicaError(RuntimeError):
+    """A replica method failed; the message names the exception's type and the method, never its message."""
+
+
+_R = TypeVar("_R")
+
+
+def content_free_errors(fn: Callable[..., Awaitable[_R]]) -> Callable[..., Awaitable[_R]]:
+    """Let a replica's entry point fail without its exception's message.
+
+    Serve logs every failed request's exception with its traceback in the replica's log (``Request failed.``),
+    and a message from a tokenizer, a model or a parser may quote the request's text. The exception becomes a
+    :class:`ReplicaError` naming only its type (the traceback's frames show code, not data). Ray's and Serve's
+    own exceptions (back-pressure, a lost replica, a cancelled request) pass unchanged: the ingress maps them
+    onto 503 / 504.
+    """
+    from ray.exceptions import RayError
+    from ray.serve.exceptions import RayServeException
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> _R:
+        try:
+            return await fn(*args, **kwargs)
+        except (RayError, RayServeException):
+            raise
+        except Exception as exc:
+            raise ReplicaError(f"{type(exc).__name__} in {fn.__qualname__}") from None
+
+    return wrapper
 
 
 @dataclass
@@ -130,6 +164,7 @@ class Generator:
     def adapters(self) -> list[str]:
         return sorted(self.finetune)
 
+    @content_free_errors
     async def synthesize(self, req: dict[str, Any]) -> dict[str, Any]:
         """``req``: mode, n, seed, control_code, max_new_tokens, adapter (checked by the ingress)."""
         mode, adapter = req["mode"], req.get("adapter")
@@ -181,6 +216,7 @@ class Generator:
             "gate": gate,
         }
 
+    @content_free_errors
     async def complete(self, req: dict[str, Any]) -> dict[str, Any]:
         """``req``: prompts, seed, max_new_tokens, stop, n, temperature, top_p (checked by the ingress). Raw
         continuations of the base model through the same batch queue; no known values, so no gate."""
@@ -253,6 +289,7 @@ class Extractor:
         self._batch.set_batch_wait_timeout_s(cfg.serve.extractor_batch_wait_s)
         logger.info("Extractor ready (%.1f s)", time.perf_counter() - t0)
 
+    @content_free_errors
     async def extract(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Document rows (``doc_id`` unique per request, ``text``, ``entities`` or None) -> result rows."""
         return list(await asyncio.gather(*(self._batch((time.monotonic(), r)) for r in rows)))
@@ -297,9 +334,11 @@ class ScorerShard:
     def info(self) -> dict[str, Any]:
         return {**self.index.summary(), "corpus_documents": self.index.corpus_documents}
 
+    @content_free_errors
     async def probe(self, texts: list[str]) -> list[Any]:
         return await asyncio.to_thread(self.index.probe, texts)
 
+    @content_free_errors
     async def score(self, texts: list[str], floors: list[float] | None = None) -> list[Any]:
         return await asyncio.to_thread(self.index.score, texts, floors)
 
@@ -327,6 +366,7 @@ class Scorer:
         self.shards = shards
         self._info: list[dict[str, Any]] | None = None
 
+    @content_free_errors
     async def score(self, texts: list[str]) -> dict[str, Any]:
         from ctrlgen.metrics.shard import corpus_leakage, floors_of, merge_shard_scores
 

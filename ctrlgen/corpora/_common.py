@@ -31,37 +31,70 @@ def require_file(path: str | Path, what: str) -> Path:
     return p
 
 
-def open_csv_as_bytes(path: str | Path, block_size: int = 16 << 20) -> tuple[list[str], pacsv.CSVStreamingReader]:
-    """Stream a CSV (optionally compressed) with every column as bytes.
+#: What an Arrow CSV error says about a row's shape; the rest of its message quotes the row itself.
+_ARROW_SHAPE = re.compile(r"(?:Row #\d+: )?Expected \d+ columns?, got \d+")
 
-    Bytes, so that a row with non-UTF-8 bytes can be quarantined on its own
-    instead of failing its whole block; values are decoded per row.
+
+def csv_error_summary(exc: BaseException) -> str:
+    """An error reading a CSV as it may be shown: its type and what it says about the file, never its content.
+
+    Arrow's CSV parse errors end with the offending row (``Expected 3 columns, got 2: <the row's text>``),
+    which in a clinical corpus is note text: only the error's type and a recognised statement of the row's
+    shape are kept. I/O errors (``OSError``: a missing file, a broken gzip stream) keep their message, which
+    names a path or a condition.
+    """
+    if isinstance(exc, OSError) and not isinstance(exc, pa.ArrowInvalid):
+        return f"{type(exc).__name__}: {exc}"
+    m = _ARROW_SHAPE.search(str(exc))
+    return f"{type(exc).__name__}: {m.group(0)}" if m else f"{type(exc).__name__} (its message is not shown: it may quote the file's content)"
+
+
+def _csv_stream(path: str | Path) -> pa.NativeFile:
+    from ctrlgen import storage
+
+    if storage.is_uri(str(path)):
+        fs, inner = storage.filesystem(str(path))
+        return fs.open_input_stream(inner, compression="detect")
+    return pa.input_stream(str(path), compression="detect")
+
+
+def csv_header(path: str | Path) -> list[str]:
+    """The column names of a CSV (optionally compressed), from its first line only.
 
     Raises:
         CorpusError: the file cannot be opened or its header is not UTF-8.
     """
-    from ctrlgen import storage
-
-    def stream() -> pa.NativeFile:
-        if storage.is_uri(str(path)):
-            fs, inner = storage.filesystem(str(path))
-            return fs.open_input_stream(inner, compression="detect")
-        return pa.input_stream(str(path), compression="detect")
-
     try:
-        with stream() as fh:
+        with _csv_stream(path) as fh:
             header = fh.read(1 << 16).split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8")
-        names = [c.strip().strip('"') for c in header.split(",")]
+    except UnicodeDecodeError:
+        raise CorpusError(f"{path}: the CSV header is not valid UTF-8") from None
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CorpusError(f"{path} is not a readable CSV file ({csv_error_summary(exc)})") from None
+    return [c.strip().strip('"') for c in header.split(",")]
+
+
+def open_csv_as_bytes(path: str | Path, block_size: int = 16 << 20) -> tuple[list[str], pacsv.CSVStreamingReader]:
+    """Stream a CSV (optionally compressed) with every column as bytes.
+
+    Bytes, so that a row with non-UTF-8 bytes can be quarantined on its own
+    instead of failing its whole block; values are decoded per row. Opening reads
+    the first block, so a malformed row in it fails here.
+
+    Raises:
+        CorpusError: the file cannot be opened, its header is not UTF-8, or its
+            first block is not well-formed (named by row shape, never row text).
+    """
+    names = csv_header(path)
+    try:
         reader = pacsv.open_csv(
-            stream(),
+            _csv_stream(path),
             read_options=pacsv.ReadOptions(block_size=block_size),
             parse_options=pacsv.ParseOptions(newlines_in_values=True),
             convert_options=pacsv.ConvertOptions(column_types={n: pa.binary() for n in names}),
         )
-    except UnicodeDecodeError:
-        raise CorpusError(f"{path}: the CSV header is not valid UTF-8") from None
     except (pa.ArrowInvalid, OSError) as exc:
-        raise CorpusError(f"{path} is not a readable CSV file: {exc}") from None
+        raise CorpusError(f"{path} is not a readable CSV file ({csv_error_summary(exc)})") from None
     return names, reader
 
 
@@ -107,9 +140,9 @@ def validate_document(doc: Document, max_chars: int) -> str | None:
         if doc.text[e.start : e.end] != e.text:
             return f"entity {i} span [{e.start}, {e.end}) does not match its stated text"
         if e.category not in CATEGORIES:
-            return f"entity {i} has unknown category {e.category!r}"
+            return f"entity {i} has an unknown category (not one of {', '.join(CATEGORIES)})"
         if e.kind not in IDENTIFIER_KINDS:
-            return f"entity {i} has unknown identifier kind {e.kind!r}"
+            return f"entity {i} has an unknown identifier kind (not one of {', '.join(IDENTIFIER_KINDS)})"
     return None
 
 

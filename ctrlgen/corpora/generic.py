@@ -16,7 +16,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ctrlgen.config import GenericCorpusConfig
-from ctrlgen.corpora._common import BadRow, Record, decode_utf8, finish, limited, open_csv_as_bytes, reject
+from ctrlgen.corpora._common import (
+    BadRow,
+    Record,
+    csv_error_summary,
+    decode_utf8,
+    finish,
+    limited,
+    open_csv_as_bytes,
+    reject,
+)
 from ctrlgen.errors import CorpusError
 from ctrlgen.schema import DOCUMENT_SCHEMA, Document, Entity
 
@@ -69,7 +78,7 @@ def _table_rows(path: Path, fmt: str, cfg: GenericCorpusConfig) -> Iterator[tupl
             names, reader = open_csv_as_bytes(path)
             batches = iter(reader)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise CorpusError(f"{path} is not a readable {fmt} file: {exc}") from None
+        raise CorpusError(f"{path} is not a readable {fmt} file: {exc}") from None  # Parquet footers: no row text
     for col in [cfg.text_column] + ([cfg.id_column] if cfg.id_column else []):
         if col not in names:
             raise CorpusError(f"{path} has no column {col!r} (has {names[:20]})")
@@ -83,7 +92,8 @@ def _table_rows(path: Path, fmt: str, cfg: GenericCorpusConfig) -> Iterator[tupl
                 except BadRow as exc:
                     yield f"row {row}", exc
     except pa.ArrowInvalid as exc:
-        raise CorpusError(f"{path} is not well-formed {fmt} after data row {row}: {exc}") from None
+        why = csv_error_summary(exc) if fmt == "csv" else str(exc)
+        raise CorpusError(f"{path} is not well-formed {fmt} after data row {row} ({why})") from None
 
 
 def _decode(value: Any, column: str) -> Any:

@@ -21,6 +21,7 @@ from ctrlgen.corpora._common import (
     BadRow,
     Record,
     check_no_surrogates,
+    csv_error_summary,
     decode_utf8,
     finish,
     limited,
@@ -140,7 +141,7 @@ def iter_noteevent_batches(path: str | Path) -> Iterator[tuple[Path, int, list[d
                 yield shard, row, rows
                 row += len(rows)
         except pa.ArrowInvalid as exc:
-            raise CorpusError(f"{shard} is not a well-formed CSV after data row {row}: {exc}") from None
+            raise CorpusError(f"{shard} is not a well-formed CSV after data row {row} ({csv_error_summary(exc)})") from None
 
 
 def _as_str(value: Any, column: str) -> str | None:

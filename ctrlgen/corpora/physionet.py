@@ -73,7 +73,7 @@ def _read_spans(path: Path, cfg: PhysionetCorpusConfig) -> tuple[dict[tuple[str,
                 if not (start.isdigit() and end.isdigit()):
                     raise BadRow("span start/end are not non-negative integers")
                 if phi_type not in PHYSIONET_TYPES:
-                    raise BadRow(f"unknown PHI type {phi_type!r}")
+                    raise BadRow("unknown PHI type (the 5th field is not one of the deid tool's types)")
             except BadRow as exc:
                 bad.append(reject(cfg, str(path), where, str(exc)))
                 continue

@@ -104,7 +104,7 @@ def _mentions(case: dict[str, Any], annotator: str | None) -> tuple[str, list[En
                 f"entity mention {i} lacks entity_type/start_offset/end_offset/span_text/identifier_type"
             ) from None
         if category not in CATEGORIES:
-            raise BadRow(f"entity mention {i} has unknown entity_type {category!r}")
+            raise BadRow(f"entity mention {i} has an unknown entity_type (not one of {', '.join(CATEGORIES)})")
         out.append(Entity(start, end, text, category, kind, "gold", category))
     return name, out
 

@@ -89,6 +89,27 @@ def test_bad_csv_rows_are_quarantined_by_the_job(ray_cluster, tmp_path):
     assert (summary.rows_in, summary.documents, summary.quarantined) == (4, 1, 3)
 
 
+def test_a_malformed_csv_fails_the_job_naming_file_and_shape_not_the_rows_text(ray_cluster, tmp_path, capfd):
+    """Arrow's CSV error quotes the offending row; the job's error (and what Ray prints) keeps its shape only.
+    The driver reads the header alone: the read fails inside a Ray task."""
+    from ctrlgen.demo import NOTE_COLUMNS
+    from ray_jobs.extract import run
+
+    (tmp_path / "in").mkdir()
+    rows = [b'%d,10,100,,,,Nursing,R,,,"note %d"' % (i, i) for i in range(1, 50)]
+    rows.append(b'50,10,100,,,,Nursing,"Zelda Quixote was seen"')
+    (tmp_path / "in" / "NOTEEVENTS.csv").write_bytes(b"\n".join([",".join(NOTE_COLUMNS).encode(), *rows]) + b"\n")
+    cfg = load_config(
+        None,
+        ["corpus.format=mimic", f"corpus.path={tmp_path / 'in'}", f"output_dir={tmp_path}", "extraction.num_actors=1"],
+    )
+    with pytest.raises(CtrlgenError, match=r"NOTEEVENTS.csv is not a (readable CSV file|well-formed CSV after data row \d+) "
+                       rf"\(ArrowInvalid: (Row #\d+: )?Expected {len(NOTE_COLUMNS)} columns, got 8\)") as info:  # fmt: skip
+        run(cfg)
+    seen = str(info.value) + "".join(capfd.readouterr())
+    assert "Zelda" not in seen and "Quixote" not in seen
+
+
 def test_unreadable_parquet_shard_is_named_before_any_work(ray_cluster, tmp_path):
     from ctrlgen.config import DemoCorpusConfig
     from ctrlgen.demo import write_demo_corpus

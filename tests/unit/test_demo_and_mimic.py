@@ -1,3 +1,5 @@
+import re
+
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
@@ -93,6 +95,18 @@ def test_category_filter_counts_what_it_sets_aside(tmp_path):
     rows = [b'1,10,100,,,,Nursing,R,,,"a"', b'2,10,100,,,,Radiology,R,,,"b"']
     docs, bad, report = load_corpus(MimicCorpusConfig(path=str(_csv(tmp_path, rows)), categories=["Radiology"]))
     assert [d.doc_id for d in docs] == ["2"] and report.quarantined == 1
+
+
+def test_a_malformed_csv_row_is_named_by_row_and_shape_never_by_its_text(tmp_path):
+    """Arrow's parse error quotes the offending row (note text): the error keeps its row and shape only."""
+    path = _csv(tmp_path, [b'1,10,100,,,,Nursing,R,,,"ok"', b'2,10,100,,,,Nursing,R,"Zelda Quixote seen"'])
+    with pytest.raises(CorpusError) as info:
+        list(read_corpus(MimicCorpusConfig(path=str(path))))
+    msg = str(info.value)
+    assert re.search(r"NOTEEVENTS.csv is not a (readable CSV file|well-formed CSV after data row 0) \(ArrowInvalid: ", msg)
+    assert f"Expected {len(NOTE_COLUMNS)} columns, got 9" in msg
+    assert "Zelda" not in msg and "Quixote" not in msg
+    assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
 def test_missing_columns_name_file_and_columns(tmp_path):

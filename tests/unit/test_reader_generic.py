@@ -37,6 +37,23 @@ def test_csv_and_parquet_with_named_text_column(tmp_path):
     assert len(bad) == 1 and "not valid UTF-8" in bad[0].reason and bad[0].location == "row 2"
 
 
+def test_a_malformed_csv_row_is_named_by_row_and_shape_never_by_its_text(tmp_path):
+    (tmp_path / "a.csv").write_bytes(b'note,n\nfine,1\n"Zelda Quixote came",2,extra\n')
+    shape = r"\(ArrowInvalid: (Row #3: )?Expected 2 columns, got 3\)"
+    with pytest.raises(CorpusError, match=r"a.csv is not (a readable CSV file|well-formed csv after data row 0) " + shape) as info:
+        load_corpus(GenericCorpusConfig(path=str(tmp_path), text_column="note"))
+    assert "Zelda" not in str(info.value)
+
+
+def test_csv_error_summary_keeps_io_errors_and_drops_unknown_messages():
+    from ctrlgen.corpora._common import csv_error_summary
+
+    assert csv_error_summary(FileNotFoundError("no such file: x.csv")) == "FileNotFoundError: no such file: x.csv"
+    assert csv_error_summary(pa.ArrowInvalid("CSV conversion error to int64: invalid value 'Zelda'")) == (
+        "ArrowInvalid (its message is not shown: it may quote the file's content)"
+    )
+
+
 def test_missing_text_column_is_an_error_naming_the_file(tmp_path):
     pq.write_table(pa.table({"body": ["x"]}), tmp_path / "b.parquet")
     with pytest.raises(CorpusError, match=r"b.parquet has no column 'text'"):

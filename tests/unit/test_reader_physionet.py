@@ -57,6 +57,7 @@ def test_bad_rows_are_quarantined_with_reasons_and_counted(tmp_path):
         b"1 5 3 80 HCPName note.\n"  # outside the text
         b"1 1 x 8 HCPName Smith\n"  # malformed
         b"9 9 0 1 PTName A\n"  # refers to a missing note
+        b"1 1 3 8 Zelda Quixote\n"  # a name where the PHI type belongs
     )
     docs, bad, report = load_corpus(_cfg(_write(tmp_path, notes, phi)))
     assert [d.doc_id for d in docs] == ["1-1"]
@@ -67,9 +68,10 @@ def test_bad_rows_are_quarantined_with_reasons_and_counted(tmp_path):
     assert any("outside the text" in r for r in reasons)
     assert any("not non-negative integers" in r for r in reasons)
     assert any("not in the notes file" in r for r in reasons)
-    assert report.documents == 1 and report.quarantined == 6
+    assert any("unknown PHI type" in r for r in reasons)
+    assert report.documents == 1 and report.quarantined == 7
     # Private text never appears in a reason.
-    assert not any("Smith" in r or "Jones" in r for r in reasons)
+    assert not any("Smith" in r or "Jones" in r or "Zelda" in r for r in reasons)
 
 
 def test_errors_raise_mode_names_file_and_row(tmp_path):

@@ -109,3 +109,39 @@ def test_replicas_get_digests_only_and_a_digest_config_needs_no_token_file(tmp_p
     assert scope_of("Bearer " + "a" * 64, read_tokens(cfg)) == "audit"
     with pytest.raises(ConfigError, match="token_sha256"):
         load_config(None, ["serve.token_sha256=not-a-digest"])
+
+
+def test_a_release_token_sees_no_detail_of_a_withheld_output():
+    from serve.api import _released_view
+
+    base = {"released": False, "text": None, "context_ids": ["1-1"], "template_id": "t", "attempts": 2}
+    failed = _released_view({**base, "withheld_reason": "generation failed: prompt of 812 tokens + 64 new tokens ..."})
+    gated = _released_view({**base, "withheld_reason": "still contained 2 known private value(s) after 2 attempt(s)"})
+    assert failed["withheld_reason"] == "generation failed"
+    assert gated["withheld_reason"] == "withheld by the release gate"
+    assert not {"context_ids", "template_id", "attempts"} & (set(failed) | set(gated))
+
+
+def test_a_replica_method_fails_without_its_exceptions_message():
+    """Serve logs a failed request's exception in the replica's log: it must not carry the request's text."""
+    import asyncio
+
+    from ray.serve.exceptions import BackPressureError
+
+    from serve.deployments import ReplicaError, content_free_errors
+
+    class Replica:
+        @content_free_errors
+        async def extract(self, texts):
+            raise ValueError(f"cannot tokenise {texts[0]!r}")
+
+        @content_free_errors
+        async def busy(self):
+            raise BackPressureError(num_queued_requests=3, max_queued_requests=2)
+
+    with pytest.raises(ReplicaError) as info:
+        asyncio.run(Replica().extract(["Zelda Quixote"]))
+    assert str(info.value) == "ValueError in test_a_replica_method_fails_without_its_exceptions_message.<locals>.Replica.extract"
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    with pytest.raises(BackPressureError):  # Serve's own failures reach the ingress unchanged (-> 503)
+        asyncio.run(Replica().busy())
