@@ -9,6 +9,7 @@ manifest equals what this script writes.
 from __future__ import annotations
 
 import argparse
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,18 @@ HEADER = """\
 # The API's bearer token comes from the Kubernetes secret ctrlgen-serve (key: token) through
 # CTRLGEN_SERVE_TOKEN (serve.token_env); create it first:
 #   kubectl create secret generic ctrlgen-serve --from-literal=token=$(openssl rand -hex 32)
+# Ray's own dashboard, jobs API and GCS (reachable on the pod network, dashboard on 0.0.0.0) take Ray's token
+# authentication (RAY_AUTH_MODE=token on every container), its token from the secret ctrlgen-ray (key: token):
+#   kubectl create secret generic ctrlgen-ray --from-literal=token=$(openssl rand -hex 32)
 # NOT applied to a Kubernetes cluster from the development box (see docs/cluster.md).
 """
+
+
+#: Ray's token authentication on every container of a cluster (the same on all nodes, as Ray requires).
+RAY_AUTH_ENV = [
+    {"name": "RAY_AUTH_MODE", "value": "token"},
+    {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": "ctrlgen-ray", "key": "token"}}},
+]
 
 
 def _container(
@@ -37,7 +48,8 @@ def _container(
         "image": IMAGE,
         "workingDir": "/home/ray/ctrlgen",
         "env": [
-            {"name": "CTRLGEN_SERVE_TOKEN", "valueFrom": {"secretKeyRef": {"name": "ctrlgen-serve", "key": "token"}}}
+            {"name": "CTRLGEN_SERVE_TOKEN", "valueFrom": {"secretKeyRef": {"name": "ctrlgen-serve", "key": "token"}}},
+            *copy.deepcopy(RAY_AUTH_ENV),  # a copy per container: no YAML anchors in the manifest
         ],
         "resources": {"limits": dict(res), "requests": dict(res)},
     }

@@ -167,7 +167,8 @@ class ReferenceShard:
 
     def save(self, path: str | Path) -> None:
         """Write the shard to ``path`` (NumPy ``.npz``, no pickle; written to a temporary name, then renamed, so
-        a reader never sees half a file): its token-id arrays, document ids, vocabulary and private values."""
+        a reader never sees half a file): its token-id arrays, document ids, vocabulary and private values, in a
+        file of mode 0600 (it holds the references' texts in another form)."""
         arrays, vocab = self._index.to_arrays()
         arrays.update({f"values_{k}": v for k, v in self._values.to_arrays().items()})  # no rebuild on load
         meta = {"format": 2, "shard": self.shard, "n_shards": self.n_shards, "corpus_documents": self.corpus_documents,
@@ -175,7 +176,12 @@ class ReferenceShard:
         path = Path(path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
         savez: Any = np.savez  # (its stubs take no ** of arrays)
-        savez(tmp, meta=np.array(json.dumps(meta)), **arrays)
+        # As private as the corpus (the ids and the vocabulary rebuild the texts; the values are plain text):
+        # readable by its owner only, whatever the umask.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            savez(fh, meta=np.array(json.dumps(meta)), **arrays)
         os.replace(tmp, path)
 
     @classmethod
@@ -215,7 +221,7 @@ class ReferenceShard:
         if path.is_file():
             return cls.load(path)
         built = cls(iter_references(references), shard, n_shards)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         built.save(path)
         return built
 

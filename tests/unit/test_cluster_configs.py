@@ -71,3 +71,17 @@ def test_rayservice_embeds_the_gpu_serve_config_unchanged():
     from ray.serve.schema import ServeDeploySchema
 
     ServeDeploySchema.model_validate(embedded)
+
+
+@pytest.mark.parametrize("manifest", ["rayjob-synthesize.yaml", "rayservice.yaml"])
+def test_every_ray_container_of_a_kuberay_manifest_takes_rays_token_authentication(manifest):
+    """The head's dashboard listens on 0.0.0.0 (the pod network): with no token, whoever reaches it submits jobs."""
+    doc = yaml.safe_load((KUBE / manifest).read_text())
+    spec = doc["spec"]["rayClusterSpec" if doc["kind"] == "RayJob" else "rayClusterConfig"]
+    groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+    containers = [c for g in groups for c in g["template"]["spec"]["containers"]]
+    assert len(containers) == len(groups) >= 2
+    for c in containers:
+        env = {e["name"]: e for e in c.get("env", [])}
+        assert env["RAY_AUTH_MODE"]["value"] == "token", c["name"]
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "ctrlgen-ray", "key": "token"}, c["name"]

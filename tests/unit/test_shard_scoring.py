@@ -1,6 +1,8 @@
 """Sharded reference scoring merges to exactly the whole-corpus metrics (no Ray)."""
 
+import os
 import random
+import stat
 
 import pytest
 
@@ -127,8 +129,13 @@ def test_cached_shards_are_built_once_per_references_and_rebuilt_when_they_chang
 
     write([("a", "Seen by Dr. Smith on the ward.", "PERSON: Smith"), ("b", "Discharged home, stable.", "")])
     refs_dir, index_dir = str(tmp_path / "extracted"), tmp_path / "index"
-    first = ReferenceShard.cached(refs_dir, 0, 1, index_dir)
-    assert len(list(index_dir.glob("shard-0-of-1-*.npz"))) == 1
+    old_umask = os.umask(0o022)  # a permissive umask: the index stays its owner's alone
+    try:
+        first = ReferenceShard.cached(refs_dir, 0, 1, index_dir)
+    finally:
+        os.umask(old_umask)
+    (saved,) = index_dir.glob("shard-0-of-1-*.npz")
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600 and stat.S_IMODE(index_dir.stat().st_mode) == 0o700
     built = []
     real_init = ReferenceShard.__init__
     monkeypatch.setattr(ReferenceShard, "__init__", lambda self, *a: (built.append(1), real_init(self, *a))[1])
