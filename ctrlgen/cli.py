@@ -123,12 +123,19 @@ def cmd_demo(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     _quiet_ray()
     n = cfg.demo_corpus.n_notes
     print(f"== 1/5 demo corpus: {n:,} MIMIC-format notes (seed {cfg.demo_corpus.seed})")
-    print(f"   {write_demo_corpus(cfg.demo_corpus)}")
+    demo_dir = write_demo_corpus(cfg.demo_corpus)
+    print(f"   {demo_dir}")
+    # Codes and notes are printed from the generated demo corpus only: another configured corpus is private.
+    synthetic = _is_demo_corpus(cfg, demo_dir)
+    withheld = "   (not printed: corpus.path is not the generated demo corpus, and its values are private)"
     print(f"== 2/5 entity extraction on Ray ({cfg.extraction.setting} setting, {cfg.extraction.num_actors} actors)")
     summary = run(cfg)
     print(summary.text())
     print("== 3/5 control codes of the first documents")
-    _print_extracted_codes(cfg, Path(summary.output))
+    if synthetic:
+        _print_extracted_codes(cfg, Path(summary.output))
+    else:
+        print(withheld)
     g = cfg.generation
     print(
         f"== 4/5 ICL generation on Ray ({cfg.model.name}, {g.num_documents or 'all'} documents, "
@@ -139,9 +146,12 @@ def cmd_demo(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     print(gen.text())
     released = [r for r in read_generated(gen.output) if r["mode"] != "baseline" and r["released"]]
     for row in released[: min(cfg.show, 1)]:
+        if not synthetic:
+            print(f"--- a synthetic note ({row['mode']}) was released{withheld}")
+            break
         print(f"--- synthetic note ({row['mode']}) for the fictional code\n{row['fictional_code']}\n---\n{row['text']}")
     print("== 5/5 the synthesis service on Ray Serve (configs/serve/demo.yaml): start, a few requests, stop")
-    _demo_service(cfg, args, str(Path(summary.output).resolve()))
+    _demo_service(cfg, args, str(Path(summary.output).resolve()), show_texts=synthetic)
     print("done; outputs in", cfg.output_dir)
     return 0
 
@@ -227,8 +237,9 @@ def cmd_serve(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo_service(cfg: CtrlgenConfig, demo_args: argparse.Namespace, contexts: str) -> None:
-    """Start the service on the demo's extraction output, send a few requests, print the answers, stop it."""
+def _demo_service(cfg: CtrlgenConfig, demo_args: argparse.Namespace, contexts: str, show_texts: bool = True) -> None:
+    """Start the service on the demo's extraction output, send a few requests, print the answers, stop it
+    (a synthetic note only with ``show_texts``: contexts from the generated demo corpus)."""
     import concurrent.futures as cf
 
     from serve.launch import http, stop_service
@@ -258,7 +269,7 @@ def _demo_service(cfg: CtrlgenConfig, demo_args: argparse.Namespace, contexts: s
                 f"{o['new_tokens']} tokens, {'released' if o['released'] else 'withheld'}, {ans['seconds']:.1f} s"
             )
         status, ans = answers[0]
-        if status == 200 and ans["outputs"][0]["released"]:
+        if status == 200 and ans["outputs"][0]["released"] and show_texts:
             o = ans["outputs"][0]
             print(f"   --- fictional code\n{o['fictional_code']}\n   --- synthetic note\n{o['text']}")
         texts = [a["outputs"][0]["text"] for s, a in answers if s == 200 and a["outputs"][0]["released"]]
@@ -272,6 +283,19 @@ def _demo_service(cfg: CtrlgenConfig, demo_args: argparse.Namespace, contexts: s
     finally:
         stop_service()
         print("   service stopped")
+
+
+def _is_demo_corpus(cfg: CtrlgenConfig, demo_dir: Path) -> bool:
+    """Whether the configured corpus is the generated demo corpus (``corpus.path: demo`` or its directory)."""
+    from ctrlgen import storage
+    from ctrlgen.config import MimicCorpusConfig
+
+    corpus = cfg.corpus
+    if not isinstance(corpus, MimicCorpusConfig):
+        return False
+    if corpus.path == "demo":
+        return True
+    return not storage.is_uri(corpus.path) and Path(corpus.path).resolve() == demo_dir.resolve()
 
 
 def _print_extracted_codes(cfg: CtrlgenConfig, extracted: Path) -> None:

@@ -75,3 +75,17 @@ def test_help_groups_the_verbs_and_names_the_keys_to_set(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["synthesize", "--help"])
     assert "Keys to set for your own data: corpus.format, corpus.path" in capsys.readouterr().out
+
+
+def test_the_demo_prints_codes_and_notes_of_the_generated_demo_corpus_only(tmp_path):
+    """`ctrlgen demo` run with another corpus (a hospital's notes) must not print its private values."""
+    from ctrlgen.cli import _is_demo_corpus
+    from ctrlgen.config import load_config
+
+    demo_dir = tmp_path / "demo-notes"
+    demo_dir.mkdir()
+    assert _is_demo_corpus(load_config(None, []), demo_dir)
+    assert _is_demo_corpus(load_config(None, [f"corpus.path={demo_dir}/."]), demo_dir)
+    assert not _is_demo_corpus(load_config(None, [f"corpus.path={tmp_path / 'NOTEEVENTS.csv'}"]), demo_dir)
+    assert not _is_demo_corpus(load_config(None, ["corpus.format=physionet", f"corpus.path={demo_dir}"]), demo_dir)
+    assert not _is_demo_corpus(load_config(None, ["corpus.path=s3://bucket/demo-notes"]), demo_dir)
