@@ -92,7 +92,8 @@ def main() -> None:
     ratio = runs["after"]["seconds"] / runs["before"]["seconds"]
     r = {"command": ".venv/bin/python benchmarks/experiment_tiny.py" + (f" --before {args.before}"
                                                                          if args.before != "d58b002" else "")
-         + (" --after-first" if args.after_first else ""), "order": [name for name, _ in order],
+         + (" --after-first" if args.after_first else "") + "".join(f" {o}" for o in args.overrides),
+         "order": [name for name, _ in order],
          "overrides": args.overrides, "before": {"commit": before_commit, **runs["before"]},
          "after": {"commit": after_commit, **runs["after"]}, "after_over_before": ratio,
          "identical": same, "comparison": printed.getvalue().strip().splitlines(),
