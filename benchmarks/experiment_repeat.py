@@ -9,7 +9,8 @@ Runs ``ctrlgen experiment -c configs/experiment_compare.yaml`` twice into ``OUT/
 the defaults (``experiment.seeds=[0,1,2]`` widens it). ``--compare A B`` only compares two existing runs.
 
 Compared: every value of ``results/results.json`` but the wall time, the resolved config and how the run was
-launched (its command line, which names its output directory, and its date; NaN equals NaN), and every generated text (by note and mode) under ``runs/*/gen-*/generated``. Prints what differs.
+launched (its command line, which names its output directory, its date, commit and machine; NaN equals NaN), and
+every generated text (by note and mode) under ``runs/*/gen-*/generated``. Prints what differs.
 """
 
 from __future__ import annotations
@@ -54,10 +55,14 @@ def _texts(run: Path) -> dict[tuple[str, str, str], str]:
     }
 
 
+#: What results.json says of how a run was launched, not of what it measured: not compared.
+_LAUNCH = ("config", "minutes", "command", "date", "commit", "dirty", "machine")
+
+
 def compare(a: Path, b: Path) -> bool:
     ra, rb = (json.loads((r / "results" / "results.json").read_text()) for r in (a, b))
     fa, fb = (
-        _flat({k: v for k, v in r.items() if k not in ("config", "minutes", "command", "date")}) for r in (ra, rb)
+        _flat({k: v for k, v in r.items() if k not in _LAUNCH}) for r in (ra, rb)
     )
     keys = sorted(set(fa) | set(fb))
     diff = [k for k in keys if not _same(fa.get(k), fb.get(k))]
