@@ -14,6 +14,7 @@ ORDER: list[tuple[str, list[str]]] = [
     ("Data path", ["Demo corpus generation and ingest (streaming)", "Driver memory and training ingest vs corpus size",
                    "Parquet reader: Ray Data V2 vs V1 on small reads"]),
     ("Extraction", ["Entity extraction", "Entity extraction: the clinical-NER engine vs the deid tool",
+                    "Entity extraction: the transformer NER's bar on P(O)",
                     "spaCy release and NER speed"]),
     ("Prefix training", ["Prefix tuning: masked vs plain, 1 vs 2 Ray Train workers",
                          "DP-SGD step vs plain prefix-tuning step"]),

@@ -173,6 +173,11 @@ class TransformerTagger:
             raise CtrlgenError(f"{path}: the classifier's labels are not ctrlgen's BIO labels")
 
     def __call__(self, texts: Sequence[str]) -> list[list[tuple[int, int, str, float]]]:
+        return [self.decode(text, pieces) for text, pieces in zip(texts, self.piece_logprobs(texts), strict=True)]
+
+    def piece_logprobs(self, texts: Sequence[str]) -> list[tuple[list[tuple[int, int]], Any] | None]:
+        """Each note's word pieces: their character offsets, in order, and a (pieces x labels) tensor of
+        log-probabilities (a piece seen by two windows: the mean of theirs); None for a note without pieces."""
         import torch
 
         wins = windows(self.tokenizer, texts, self.max_length, self.stride)
@@ -187,32 +192,36 @@ class TransformerTagger:
                 lp = torch.log_softmax(out.float(), dim=-1).cpu()
                 for j, w, row in zip(order[i : i + self.batch_size], batch, lp, strict=True):
                     logp[j] = row[: len(w.ids)]
-        # each note: its pieces by offsets, the log-probabilities of windows that share a piece averaged
-        per_doc: list[dict[tuple[int, int], list[Any]]] = [{} for _ in texts]
-        for w, lp in zip(wins, logp, strict=True):
-            for off, row in zip(w.offsets, lp, strict=True):
-                if off[0] != off[1]:
-                    per_doc[w.doc].setdefault(off, []).append(row)
-        out_spans: list[list[tuple[int, int, str, float]]] = []
-        for text, pieces in zip(texts, per_doc, strict=True):
-            if not pieces:
-                out_spans.append([])
-                continue
-            offs = sorted(pieces)
-            mean = torch.stack([torch.stack(pieces[o]).mean(0) for o in offs])
-            best, idx = mean.max(dim=-1)
-            if self.o_threshold is not None:
-                other_best, other_idx = mean[:, 1:].max(dim=-1)
-                private = mean[:, 0] < math.log(self.o_threshold)
-                best = torch.where(private, other_best, mean[:, 0])
-                idx = torch.where(private, other_idx + 1, torch.zeros_like(idx))
-            tags = [BIO[i] for i in idx.tolist()]
-            found = []
-            for s, e, cat, p in spans_from_tags(offs, tags, best.exp().tolist()):
-                s, e = _widen_to_words(text, s, e)
-                found.append((s, e, cat, p))
-            out_spans.append(found)
-        return out_spans
+            per_doc: list[dict[tuple[int, int], list[Any]]] = [{} for _ in texts]
+            for w, lp in zip(wins, logp, strict=True):
+                for off, row in zip(w.offsets, lp, strict=True):
+                    if off[0] != off[1]:
+                        per_doc[w.doc].setdefault(off, []).append(row)
+            out_docs: list[tuple[list[tuple[int, int]], Any] | None] = []
+            for pieces in per_doc:
+                offs = sorted(pieces)
+                out_docs.append((offs, torch.stack([torch.stack(pieces[o]).mean(0) for o in offs])) if offs else None)
+        return out_docs
+
+    def decode(self, text: str, pieces: tuple[list[tuple[int, int]], Any] | None) -> list[tuple[int, int, str, float]]:
+        """A note's spans from its pieces' log-probabilities (:meth:`piece_logprobs`), with :attr:`o_threshold`."""
+        import torch
+
+        if pieces is None:
+            return []
+        offs, mean = pieces
+        best, idx = mean.max(dim=-1)
+        if self.o_threshold is not None:
+            other_best, other_idx = mean[:, 1:].max(dim=-1)
+            private = mean[:, 0] < math.log(self.o_threshold)
+            best = torch.where(private, other_best, mean[:, 0])
+            idx = torch.where(private, other_idx + 1, torch.zeros_like(idx))
+        tags = [BIO[i] for i in idx.tolist()]
+        found = []
+        for s, e, cat, p in spans_from_tags(offs, tags, best.exp().tolist()):
+            s, e = _widen_to_words(text, s, e)
+            found.append((s, e, cat, p))
+        return found
 
 
 def _pad(rows: Sequence[Sequence[int]], pad: int, fill_labels: bool = False) -> tuple[Any, Any]:

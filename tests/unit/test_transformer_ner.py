@@ -116,6 +116,11 @@ def test_trained_tagger_is_recorded_and_finds_the_names_it_learnt(trained) -> No
     (every,) = tagger([text])
     covered = {i for s, e, _, _ in every for i in range(s, e)}
     assert all(i in covered for s, e, _, _ in spans for i in range(s, e)) and len(covered) > len("Carol White")
+    # the pieces' log-probabilities once, decoded at either bar: the same spans as a call at that bar
+    pieces = tagger.piece_logprobs([text])
+    assert [tagger.decode(text, p) for p in pieces] == [every]
+    tagger.o_threshold = None
+    assert [tagger.decode(text, p) for p in pieces] == [spans]
 
 
 def test_the_tagger_drives_the_presidio_engine_as_its_ner(trained) -> None:
