@@ -77,11 +77,16 @@ def main() -> None:
     ap.add_argument("--render", action="store_true",
                     help="run nothing: compare the two runs already in --out again and rewrite the JSON and the "
                          "section (their times from the JSON)")  # fmt: skip
+    ap.add_argument("--repeat-before", action="store_true",
+                    help="run the earlier commit a second time (into --out/before2, with --render too) and compare "
+                         "it with its first run: how far the earlier code's own results.json moves between runs")  # fmt: skip
     ap.add_argument("overrides", nargs="*", help="config overrides for both runs")
     args = ap.parse_args()
     if args.render:
         r = json.loads(JSON.read_text())
         r["identical"], r["comparison"] = _compare(args.out)
+        if args.repeat_before:
+            _repeat_before(r, args.out, args.before, r["overrides"])
         JSON.write_text(json.dumps(r, indent=1) + "\n")
         _write(r)
         return
@@ -107,15 +112,29 @@ def main() -> None:
          "after": {"commit": after_commit, **runs["after"]}, "after_over_before": ratio,
          "identical": same, "comparison": comparison,
          "machine": f"{os.cpu_count()} CPU cores", "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+    if args.repeat_before:
+        _repeat_before(r, args.out, args.before, args.overrides)
     JSON.write_text(json.dumps(r, indent=1) + "\n")
     _write(r)
 
 
-def _compare(out: Path) -> tuple[bool, list[str]]:
-    """Whether the runs in ``out/before`` and ``out/after`` are the same, and the comparison's lines."""
+def _repeat_before(r: dict[str, Any], out: Path, before: str, overrides: list[str]) -> None:
+    """The earlier commit's second run (``out/before2``, made here when missing) compared with its first."""
+    if not (out / "before2" / "results" / "results.json").is_file():
+        tree = out / f"worktree-{r['before']['commit']}-2"
+        _git("worktree", "add", "--detach", str(tree), before)
+        try:
+            r["before_repeat_run"] = run_once(tree, out / "before2", overrides)
+        finally:
+            _git("worktree", "remove", "--force", str(tree))
+    r["before_repeat"] = _compare(out, "before2", "before")[1]
+
+
+def _compare(out: Path, a: str = "before", b: str = "after") -> tuple[bool, list[str]]:
+    """Whether the runs in ``out/a`` and ``out/b`` are the same, and the comparison's lines."""
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        same = compare(out / "before", out / "after")
+        same = compare(out / a, out / b)
     print(printed.getvalue(), end="")
     return same, printed.getvalue().strip().splitlines()
 
@@ -136,6 +155,10 @@ def _write(r: dict[str, Any]) -> None:
         f"After / before: **{ratio:.2f}** (target <= 0.33: {'met' if ratio <= 1 / 3 else 'not met'}). "
         f"results.json and generated texts: {'identical' if same else 'NOT identical'} "
         f"({'; '.join(x.strip() for x in r['comparison'][:2])}){_rounding_only(r['comparison'])}.",
+        *(["", f"The earlier commit run a second time (`--repeat-before`), against its first run: "
+                   f"{'; '.join(x.strip() for x in r['before_repeat'][:2])}{_rounding_only(r['before_repeat'])}: "
+                   f"the earlier code's own results.json moves in the last place of a float from one run to the next."]
+          if r.get("before_repeat") else []),
     ]), run_date=r["date"])  # fmt: skip
 
 
