@@ -75,8 +75,9 @@ def main() -> None:
                     help="run this checkout first (when something else may still be running at the start, the "
                          "ratio is then an upper bound: the first run bears the contention)")  # fmt: skip
     ap.add_argument("--render", action="store_true",
-                    help="run nothing: compare the two runs already in --out again and rewrite the JSON and the "
-                         "section (their times from the JSON)")  # fmt: skip
+                    help="run neither side again: compare the two runs already in --out and rewrite the JSON and "
+                         "the section (their times from the JSON); with --repeat-before, the earlier commit's second "
+                         "run is made when --out/before2 has none")  # fmt: skip
     ap.add_argument("--repeat-before", action="store_true",
                     help="run the earlier commit a second time (into --out/before2, with --render too) and compare "
                          "it with its first run: how far the earlier code's own results.json moves between runs")  # fmt: skip

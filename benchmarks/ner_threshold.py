@@ -26,6 +26,7 @@ of docs/benchmarks.md; ``--render`` rewrites the section from the JSON alone.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -54,10 +55,10 @@ def _bar_name(bar: float | None) -> str:
 
 
 def _scores(gold: Sequence[Any], pred: Sequence[Any]) -> dict[str, dict[str, int]]:
+    """Per category, :class:`ctrlgen.extract.quality.Scores`' counts (as a dict, for the JSON)."""
     from ctrlgen.extract.quality import span_scores
 
-    return {c: {"gold": s.gold, "detected": s.detected, "typed": s.typed, "predicted": s.predicted,
-                "correct": s.correct} for c, s in span_scores(gold, pred).items() if s.gold or s.predicted}  # fmt: skip
+    return {c: dataclasses.asdict(s) for c, s in span_scores(gold, pred).items() if s.gold or s.predicted}
 
 
 def _cached(tagger: Any, cache: dict[str, Any]) -> None:
@@ -81,7 +82,6 @@ def measure(
     from ctrlgen.extract.crossval import _fold_jobs, train_cached
     from ctrlgen.extract.presidio import PresidioExtractor
     from ctrlgen.extract.report import NER_CACHE, _ner_alone, rules_digest
-    from ctrlgen.extract.transformer_ner import COMPONENT
 
     cfg = load_config(str(ROOT / config), list(overrides))
     ex = cfg.extraction.model_copy(update={"setting": "unknown"})
@@ -100,7 +100,7 @@ def measure(
         fold: dict[str, Any] = {"patients": len(patients), "notes": len(gold), "by": {}}
         for name, ecfg in engines.items():
             ext = PresidioExtractor(ecfg.model_copy(update={"ner_model": model}), cfg.nlp.spacy_model, "direct+quasi")
-            tagger = ext._engine.nlp["en"].get_pipe(COMPONENT).tagger
+            tagger = ext.transformer_tagger
             _cached(tagger, cache)
             for bar in bars:
                 tagger.o_threshold = bar
@@ -130,28 +130,29 @@ def measure(
     }
 
 
-def _sum(parts: Sequence[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
+def _sum(parts: Sequence[dict[str, dict[str, int]]]) -> dict[str, Any]:
+    """Per category, the folds' counts summed into one :class:`ctrlgen.extract.quality.Scores` (a count a JSON
+    of an earlier run lacks counts 0)."""
+    from ctrlgen.extract.quality import Scores
+
+    out: dict[str, Any] = {}
     for part in parts:
-        for cat, s in part.items():
-            acc = out.setdefault(cat, dict.fromkeys(s, 0))
-            for k, v in s.items():
-                acc[k] += v
+        for cat, d in part.items():
+            acc = dataclasses.asdict(out.get(cat, Scores()))
+            out[cat] = Scores(**{k: acc[k] + d.get(k, 0) for k in acc})
     return out
 
 
-def _pr(s: dict[str, int] | None) -> tuple[float, float]:
-    if not s:
-        return float("nan"), float("nan")
-    return (s["detected"] / s["gold"] if s["gold"] else float("nan"),
-            s["correct"] / s["predicted"] if s["predicted"] else float("nan"))  # fmt: skip
+def _pr(s: Any) -> tuple[float, float]:
+    """(recall, precision) of a :class:`~ctrlgen.extract.quality.Scores` (nan for a category nobody saw)."""
+    return (float("nan"), float("nan")) if s is None else (s.recall, s.precision)
 
 
 def choose(r: dict[str, Any]) -> str:
     """The rule fixed before measuring: on the choice fold's notes, the lowest bar whose NER-alone recall is
     >= 0.95, else the bar of the highest NER-alone recall there (the lower bar on a tie)."""
     by = r["folds"][r["chosen_on_fold"] - 1]["by"]
-    recall = {b: _pr(by[f"NER alone|{b}"].get("ALL"))[0] for b in r["bars"]}
+    recall = {b: _pr(_sum([by[f"NER alone|{b}"]]).get("ALL"))[0] for b in r["bars"]}
     reaching = [b for b in r["bars"] if recall[b] >= TARGET_ALONE]
     return reaching[0] if reaching else max(r["bars"], key=lambda b: (recall[b], -r["bars"].index(b)))
 

@@ -577,6 +577,18 @@ class PresidioExtractor:
         self._common: frozenset[str] = lists.common if lists is not None else frozenset()
         self.load_seconds = time.perf_counter() - t0
 
+    @property
+    def transformer_tagger(self) -> Any:
+        """The transformer NER's :class:`~ctrlgen.extract.transformer_ner.TransformerTagger` inside this engine's
+        pipeline (``extraction.ner_model`` of kind transformer), or None for a spaCy NER.
+
+        Shared with the engine, not a copy: setting its ``o_threshold`` changes how this extractor decodes.
+        """
+        from ctrlgen.extract.transformer_ner import COMPONENT
+
+        nlp = self._engine.nlp["en"]
+        return nlp.get_pipe(COMPONENT).tagger if COMPONENT in nlp.pipe_names else None
+
     def extract_texts(self, texts: Sequence[str]) -> list[list[Entity]]:
         """Entities of each text; spaCy runs once over the batch (``nlp.pipe``)."""
         out = []
