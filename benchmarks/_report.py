@@ -15,6 +15,7 @@ ORDER: list[tuple[str, list[str]]] = [
                    "Parquet reader: Ray Data V2 vs V1 on small reads"]),
     ("Extraction", ["Entity extraction", "Entity extraction: the clinical-NER engine vs the deid tool",
                     "Entity extraction: the transformer NER's bar on P(O)",
+                    "Entity extraction: word-shape features for the uncased transformer NER",
                     "spaCy release and NER speed"]),
     ("Prefix training", ["Prefix tuning: masked vs plain, 1 vs 2 Ray Train workers",
                          "DP-SGD step vs plain prefix-tuning step"]),

@@ -268,6 +268,12 @@ class NerTrainingConfig(_Model):
         256, ge=16, le=512, description="kind transformer: word pieces per window (long notes: overlapping windows)."
     )
     stride: int = Field(32, ge=0, description="kind transformer: word pieces two consecutive windows of a note share.")
+    case_features: bool = Field(
+        False,
+        description="kind transformer: add a learned embedding of each word piece's word shape in the note as "
+        "written (lower, Title, UPPER, a capital, digits, other) to its input embedding: the MiniLM encoder is "
+        "uncased and sees no capitals otherwise.",
+    )
     folds: int = Field(5, ge=2, description="Patient folds of the extraction report's cross-validation.")
     workers: int = Field(2, ge=1, description="Folds trained in parallel processes.")
     data: CorpusConfig | None = Field(

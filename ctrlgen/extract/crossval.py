@@ -55,9 +55,11 @@ def ner_model_dir(cache: Path, docs: Sequence[Document], how: NerTrainingConfig,
     # a fine-tuned base NER keeps the key it had before width / depth existed
     skip = {"folds", "workers", "data"} | ({"width", "depth"} if how.width is None else set())
     if how.kind == "spacy":  # a spaCy NER keeps the key it had before the transformer's settings existed
-        skip |= {"kind", "encoder", "learning_rate", "batch_size", "max_length", "stride"}
+        skip |= {"kind", "encoder", "learning_rate", "batch_size", "max_length", "stride", "case_features"}
     else:
         skip |= {"dropout", "width", "depth", "average_params"}
+        if not how.case_features:  # a tagger without them keeps the key it had before they existed
+            skip.add("case_features")
     key = [sorted(d.doc_id for d in docs), how.model_dump(exclude=skip), base_model]
     h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
     return cache / f"{name}-{h.hexdigest()[:12]}"
@@ -73,6 +75,7 @@ def _train(job: TrainJob) -> NerTrainResult:
             job.docs, job.out, h.encoder, h.epochs, h.seed, h.learning_rate, h.batch_size, h.max_length, h.stride,
             h.negatives, pools, h.augment_share, job.trained_on,
             log=lambda m: print(f"train-ner [{tag}]: {m}", file=sys.stderr, flush=True), threads=job.threads,
+            case_features=h.case_features,
         )  # fmt: skip
     return train_ner(job.docs, job.out, job.base_model, h.epochs, h.seed, h.dropout, h.negatives, pools,
                      h.augment_share, job.trained_on,

@@ -7,6 +7,12 @@ cut into windows of ``max_length`` word pieces that overlap by ``stride``; a wor
 the mean of their log-probabilities. Predicted pieces are joined into character spans through the tokenizer's
 offsets (a span that starts or ends inside a word is widened to the word).
 
+The MiniLM encoder is *uncased*: its tokenizer lowercases every note, so "Brown" (a name) and "brown" (a colour)
+are one word piece to it, and capitals, the first cue a reader of a clinical note has for a name, never reach
+the model. With ``case_features`` a learned embedding of each piece's word shape in the original text
+(:data:`CASES`: lower, Title, UPPER, a single capital, with digits, other) is added to the piece's input embedding,
+and trained with the classifier; it is saved beside the checkpoint (:data:`CASE_FILE`).
+
 The saved model is a transformers checkpoint (weights, config, tokenizer) with ctrlgen's ``ctrlgen_ner.json``
 (``kind: transformer``). :func:`load_pipeline` wraps it as a spaCy pipeline (a blank English tokenizer and the
 ``ctrlgen_transformer_ner`` component that sets ``doc.ents``), so that the Presidio engine, its
@@ -35,9 +41,12 @@ from ctrlgen.schema import Document
 
 __all__ = [
     "BIO",
+    "CASES",
+    "CASE_FILE",
     "COMPONENT",
     "TransformerTagger",
     "Window",
+    "case_ids",
     "load_pipeline",
     "spans_from_tags",
     "token_labels",
@@ -49,6 +58,10 @@ __all__ = [
 BIO: tuple[str, ...] = ("O", *(f"{p}-{label}" for label in LABELS for p in ("B", "I")))
 COMPONENT = "ctrlgen_transformer_ner"
 _IGNORE = -100  # the cross-entropy's ignore index: special tokens and padding
+#: Word shapes of :func:`case_ids` (``special``: [CLS], [SEP], padding)
+CASES: tuple[str, ...] = ("special", "lower", "title", "upper", "capital", "digit", "other")
+#: The case embedding of a tagger trained with ``case_features`` (safetensors, one tensor ``weight``)
+CASE_FILE = "ctrlgen_case_embedding.safetensors"
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,53 @@ def windows(tokenizer: Any, texts: Sequence[str], max_length: int, stride: int) 
             enc["overflow_to_sample_mapping"], enc["input_ids"], enc["offset_mapping"], strict=True
         )
     ]
+
+
+def case_ids(text: str, offsets: Sequence[tuple[int, int]]) -> list[int]:
+    """Each piece's :data:`CASES` index: the shape of the whole word it is part of, in ``text`` as written.
+
+    Example:
+        >>> t = "Seen by Dr. SMITH, J on 10/4 w/ mcKay"
+        >>> [CASES[i] for i in case_ids(t, [(0, 0), (0, 4), (5, 7), (8, 10), (10, 11), (12, 17), (19, 20),
+        ...                                  (24, 26), (34, 37)])]
+        ['special', 'title', 'lower', 'title', 'other', 'upper', 'capital', 'digit', 'other']
+    """
+    out = []
+    for a, b in offsets:
+        if a == b:
+            out.append(0)
+            continue
+        s, e = _widen_to_words(text, a, b)
+        word = text[s:e]
+        if any(ch.isdigit() for ch in word):
+            out.append(5)
+        elif word.islower():
+            out.append(1)
+        elif len(word) == 1 and word.isupper():
+            out.append(4)
+        elif word.isupper():
+            out.append(3)
+        elif word[0].isupper() and (len(word) == 1 or word[1:].islower()):
+            out.append(2)
+        else:
+            out.append(6)
+    return out
+
+
+def _case_embedding(hidden: int) -> Any:
+    import torch
+
+    emb = torch.nn.Embedding(len(CASES), hidden)
+    torch.nn.init.zeros_(emb.weight)  # starts as the encoder alone
+    return emb
+
+
+def _logits(model: Any, case: Any, ids: Any, mask: Any, cases: Any = None, labels: Any = None) -> Any:
+    """The classifier's output for a batch; with a case embedding, added to the pieces' input embeddings."""
+    if case is None:
+        return model(input_ids=ids, attention_mask=mask, labels=labels)
+    embeds = model.get_input_embeddings()(ids) + case(cases)
+    return model(inputs_embeds=embeds, attention_mask=mask, labels=labels)
 
 
 def token_labels(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int, str]]) -> list[int]:
@@ -168,6 +228,13 @@ class TransformerTagger:
         self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         self.model = AutoModelForTokenClassification.from_pretrained(str(path), local_files_only=True)
         self.model.to(self.device).eval()
+        #: the word-shape embedding of a tagger trained with ``case_features`` (None: the encoder's pieces only)
+        self.case = None
+        if (Path(path) / CASE_FILE).is_file():
+            from safetensors.torch import load_file
+
+            weight = load_file(str(Path(path) / CASE_FILE))["weight"]
+            self.case = torch.nn.Embedding.from_pretrained(weight, freeze=True).to(self.device)
         labels = [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
         if tuple(labels) != BIO:
             raise CtrlgenError(f"{path}: the classifier's labels are not ctrlgen's BIO labels")
@@ -188,7 +255,10 @@ class TransformerTagger:
             for i in range(0, len(order), self.batch_size):
                 batch = [wins[j] for j in order[i : i + self.batch_size]]
                 ids, mask = _pad([w.ids for w in batch], pad)
-                out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+                cases = None
+                if self.case is not None:
+                    cases = _pad([case_ids(texts[w.doc], w.offsets) for w in batch], 0)[0].to(self.device)
+                out = _logits(self.model, self.case, ids.to(self.device), mask.to(self.device), cases).logits
                 lp = torch.log_softmax(out.float(), dim=-1).cpu()
                 for j, w, row in zip(order[i : i + self.batch_size], batch, lp, strict=True):
                     logp[j] = row[: len(w.ids)]
@@ -261,13 +331,14 @@ def train_transformer_ner(
     trained_on: dict[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
     threads: int = 0,
+    case_features: bool = False,
 ) -> NerTrainResult:
     """Fine-tune ``encoder`` for BIO tagging of ``docs``' entities; save the checkpoint to ``out_dir``.
 
     Each epoch sees every document with entities (``augment_share`` of them with surrogates swapped in) and a
     seeded ``negatives`` share of those without; its windows are shuffled into batches of ``batch_size``.
     AdamW, the learning rate warmed up over the first 10% of the updates and decayed linearly to zero,
-    gradients clipped at norm 1.
+    gradients clipped at norm 1. ``case_features``: a word-shape embedding (:func:`case_ids`) trained with it.
     """
     from ctrlgen.assets import offline_env, sentence_encoder_dir
 
@@ -290,6 +361,7 @@ def train_transformer_ner(
         id2label=dict(enumerate(BIO)),
         label2id={label: i for i, label in enumerate(BIO)},
     )
+    case = _case_embedding(model.config.hidden_size) if case_features else None
     gold = [(d, _gold_spans(d)) for d in docs]
     pos = [d for d, spans in gold if spans]
     neg = [d for d, spans in gold if not spans]
@@ -298,18 +370,20 @@ def train_transformer_ner(
     n_spans = sum(len(spans) for _, spans in gold)
     rng = random.Random(seed)
     # every epoch's batches first (tokenizing is cheap), so that the schedule knows its number of updates
-    plan: list[list[tuple[list[int], list[int]]]] = []
+    plan: list[list[tuple[list[int], list[int], list[int]]]] = []
     for _ in range(epochs):
         seen = [augment(d, surrogates, rng) if surrogates is not None and rng.random() < augment_share else d
                 for d in pos]  # fmt: skip
         seen += rng.sample(neg, round(negatives * len(neg)))
         wins = windows(tokenizer, [d.text for d in seen], max_length, stride)
         spans_of = [_gold_spans(d) for d in seen]  # (surrogates move the spans: per epoch)
-        rows = [(w.ids, token_labels(w.offsets, spans_of[w.doc])) for w in wins]
+        texts = [d.text for d in seen]
+        rows = [(w.ids, token_labels(w.offsets, spans_of[w.doc]), case_ids(texts[w.doc], w.offsets)) for w in wins]
         rng.shuffle(rows)
         plan.append(rows)
     updates = sum(math.ceil(len(rows) / batch_size) for rows in plan)
-    opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
+    params = list(model.parameters()) + (list(case.parameters()) if case is not None else [])
+    opt = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.01)
     sched = get_linear_schedule_with_warmup(opt, max(1, updates // 10), updates)
     pad = tokenizer.pad_token_id or 0
     model.train()
@@ -324,9 +398,10 @@ def train_transformer_ner(
             batch = rows[i : i + batch_size]
             ids, mask = _pad([r[0] for r in batch], pad)
             labels, _ = _pad([r[1] for r in batch], pad, fill_labels=True)
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            cases = _pad([r[2] for r in batch], 0)[0] if case is not None else None
+            loss = _logits(model, case, ids, mask, cases, labels).loss
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
@@ -337,10 +412,14 @@ def train_transformer_ner(
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
+    if case is not None:
+        from safetensors.torch import save_file
+
+        save_file({"weight": case.weight.detach().contiguous()}, str(out / CASE_FILE))
     info = dict(trained_on or {}, kind="transformer", encoder=encoder, learning_rate=learning_rate,
                 batch_size=batch_size, max_length=max_length, stride=stride, negatives=negatives,
                 augment_share=augment_share if surrogates else 0.0, updates=updates,
-                torch_threads=torch.get_num_threads(),
+                torch_threads=torch.get_num_threads(), case_features=case_features,
                 architecture=f"{model.config.model_type} token classifier, {model.config.num_hidden_layers} layers, "
                              f"hidden {model.config.hidden_size}")  # fmt: skip
     return NerTrainResult.write(out, len(docs), n_spans, epochs, seed, time.perf_counter() - t0, losses_by_epoch, info)

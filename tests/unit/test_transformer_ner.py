@@ -13,7 +13,10 @@ from ctrlgen.extract.crossval import ner_model_dir
 from ctrlgen.extract.ner import META_FILE
 from ctrlgen.extract.transformer_ner import (
     BIO,
+    CASE_FILE,
+    CASES,
     TransformerTagger,
+    case_ids,
     spans_from_tags,
     token_labels,
     train_transformer_ner,
@@ -132,6 +135,46 @@ def test_the_tagger_drives_the_presidio_engine_as_its_ner(trained) -> None:
     ext = PresidioExtractor(ExtractionConfig(setting="unknown", ner_model=trained, recognizers=["SpacyRecognizer"]))
     (ents,) = ext.extract_texts(["Pt seen today. Spoke with Dan Brown about the plan. Vitals stable overnight."])
     assert [(e.text, e.category) for e in ents] == [("Dan Brown", "PERSON")]
+    # the engine's own tagger, shared: a bar set on it changes how the engine decodes
+    tagger = ext.transformer_tagger
+    assert tagger is not None and tagger.o_threshold is None
+    tagger.o_threshold = 1.0
+    (wide,) = ext.extract_texts(["Pt seen today. Spoke with Dan Brown about the plan. Vitals stable overnight."])
+    assert len(wide) > len(ents) or sum(e.end - e.start for e in wide) > sum(e.end - e.start for e in ents)
+
+
+def test_word_shapes_come_from_the_note_as_written(tokenizer) -> None:
+    text = "Spoke with BROWN, J and Mrs. McFeatherstone re: brown 2x daily"
+    (w,) = windows(tokenizer, [text], 64, 8)
+    shapes = {text[a:b]: CASES[c] for (a, b), c in zip(w.offsets, case_ids(text, w.offsets), strict=True)}
+    assert shapes["BROWN"] == "upper" and shapes["brown"] == "lower" and shapes["J"] == "capital"
+    assert shapes["Mrs"] == "title" and shapes[","] == "other" and shapes["2"] == shapes["x"] == "digit"
+    # the uncased tokenizer gives "BROWN" and "brown" one piece: only the shapes tell them apart
+    ids = {text[a:b]: i for (a, b), i in zip(w.offsets, w.ids, strict=True)}
+    assert ids["BROWN"] == ids["brown"]
+    # a word split into pieces: every piece takes the word's shape
+    mckay = [CASES[c] for (a, b), c in zip(w.offsets, case_ids(text, w.offsets), strict=True) if 29 <= a < 44]
+    assert len(mckay) > 1 and set(mckay) == {"other"}
+    assert case_ids(text, [(0, 0)]) == [0]
+
+
+def test_case_features_are_trained_saved_and_read_by_the_tagger(tmp_path, tiny_encoder, trained) -> None:
+    out = tmp_path / "cased"
+    res = train_transformer_ner(_notes(), out, tiny_encoder, epochs=40, seed=0, learning_rate=3e-3, batch_size=4,
+                                max_length=64, stride=8, negatives=1.0, log=lambda m: None, threads=1,
+                                case_features=True)  # fmt: skip
+    assert res.losses[-1] < res.losses[0] / 4, res.losses
+    assert (out / CASE_FILE).is_file() and json.loads((out / META_FILE).read_text())["trained_on"]["case_features"]
+    tagger = TransformerTagger(out, device="cpu")
+    assert tagger.case is not None and float(tagger.case.weight.abs().sum()) > 0  # learnt, not the zeros it began as
+    text = "Pt seen today. Spoke with Carol White about the plan. Vitals stable overnight."
+    (spans,) = tagger([text])
+    assert [(text[s:e], c) for s, e, c, _ in spans] == [("Carol White", "PERSON")]
+    # one note in two casings: the same pieces, different inputs (without case features they would be equal)
+    (cased,), (lower,) = tagger.piece_logprobs([text]), tagger.piece_logprobs([text.lower()])
+    assert cased[0] == lower[0] and not cased[1].allclose(lower[1])
+    plain = TransformerTagger(trained, device="cpu")  # no case features: the uncased encoder sees one note
+    assert plain.case is None and plain.piece_logprobs([text])[0][1].equal(plain.piece_logprobs([text.lower()])[0][1])
 
 
 def test_training_is_seeded(tmp_path, tiny_encoder) -> None:
@@ -148,11 +191,14 @@ def test_cache_keys_of_the_two_kinds() -> None:
     spacy_a = ner_model_dir(Path("c"), docs, NerTrainingConfig(), "m", "n")
     # a spaCy NER's key does not move with the transformer's settings (models trained before them stay valid)
     assert ner_model_dir(Path("c"), docs, NerTrainingConfig(learning_rate=1e-4, stride=8), "m", "n") == spacy_a
+    assert ner_model_dir(Path("c"), docs, NerTrainingConfig(case_features=True), "m", "n") == spacy_a
     t = NerTrainingConfig(kind="transformer")
     assert ner_model_dir(Path("c"), docs, t, "m", "n") != spacy_a
     assert ner_model_dir(Path("c"), docs, t.model_copy(update={"learning_rate": 1e-4}), "m", "n") != ner_model_dir(
         Path("c"), docs, t, "m", "n"
     )
+    cased = t.model_copy(update={"case_features": True})
+    assert ner_model_dir(Path("c"), docs, cased, "m", "n") != ner_model_dir(Path("c"), docs, t, "m", "n")
     with pytest.raises(ValueError, match="stride"):
         NerTrainingConfig(kind="transformer", max_length=32, stride=30)
 
