@@ -24,7 +24,6 @@ import argparse
 import json
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 from _report import write_section  # noqa: E402
-from ner_threshold import CONFIG, PHYSIONET, _bar_name, _cached, _pct, _pr, _scores, _sum  # noqa: E402
+from ner_threshold import CONFIG, PHYSIONET, _bar_name, _pct, _pr, _sum, provenance, score_fold  # noqa: E402
 
 JSON = ROOT / "docs" / "benchmarks" / "ner_casing.json"
 TITLE = "Entity extraction: word-shape features for the uncased transformer NER"
@@ -44,7 +43,6 @@ def measure(folds: list[int], bars: list[float | None], overrides: list[str]) ->
     from ctrlgen.config import PhysionetCorpusConfig, load_config
     from ctrlgen.corpora import load_corpus
     from ctrlgen.extract.crossval import _fold_jobs, train_cached
-    from ctrlgen.extract.presidio import PresidioExtractor
     from ctrlgen.extract.report import NER_CACHE, _ner_alone, rules_digest
 
     exs = {}
@@ -53,6 +51,7 @@ def measure(folds: list[int], bars: list[float | None], overrides: list[str]) ->
         ex = cfg.extraction.model_copy(update={"setting": "unknown"})
         exs[name] = ex.model_copy(update={"rule_tuning": ex.rule_tuning.model_copy(update={"enabled": False})})
     spacy_model = cfg.nlp.spacy_model
+    workers = max(cfg.extraction.ner_training.workers, 2)  # the two taggers train side by side
     docs = load_corpus(PhysionetCorpusConfig(path=str(PHYSIONET), identifiers="direct+quasi"))[0]
     outer = {
         name: _fold_jobs(docs, ex.ner_training.folds, ex, ROOT / NER_CACHE, spacy_model, "physionet-deid")
@@ -60,7 +59,7 @@ def measure(folds: list[int], bars: list[float | None], overrides: list[str]) ->
     }
     jobs = [(name, f) for f in folds for name in VARIANTS]
     t0 = time.perf_counter()
-    trained = train_cached([outer[name][f - 1][0] for name, f in jobs], max(ex.ner_training.workers, 2))
+    trained = train_cached([outer[name][f - 1][0] for name, f in jobs], workers)
     train_s = time.perf_counter() - t0
     model_of = dict(zip(jobs, trained, strict=True))
     result: dict[str, Any] = {}
@@ -69,29 +68,15 @@ def measure(folds: list[int], bars: list[float | None], overrides: list[str]) ->
         per_fold = []
         for f in folds:
             _, patients, gold = outer[name][f - 1]
-            cache: dict[str, Any] = {}
             fold: dict[str, Any] = {"fold": f, "patients": len(patients), "notes": len(gold),
-                                    "model": Path(model_of[(name, f)]).name, "by": {}}  # fmt: skip
-            for engine, ecfg in engines.items():
-                ext = PresidioExtractor(ecfg.model_copy(update={"ner_model": model_of[(name, f)]}), spacy_model,
-                                        "direct+quasi")  # fmt: skip
-                tagger = ext.transformer_tagger
-                _cached(tagger, cache)
-                for bar in bars:
-                    tagger.o_threshold = bar
-                    fold["by"][f"{engine}|{_bar_name(bar)}"] = _scores(gold, ext(gold))
-                print(f"[ner_casing] {name}, fold {f}: {engine} scored", file=sys.stderr, flush=True)
+                                    "model": Path(model_of[(name, f)]).name}  # fmt: skip
+            fold["by"] = score_fold(
+                engines, model_of[(name, f)], gold, bars, spacy_model, f"ner_casing, {name}, fold {f}"
+            )
             per_fold.append(fold)
         result[name] = per_fold
     return {
-        "date": datetime.now(UTC).date().isoformat(),
-        "command": " ".join(
-            [
-                ".venv/bin/python benchmarks/ner_casing.py",
-                *(["--folds", ",".join(map(str, folds))] if folds != [1] else []),
-                *overrides,
-            ]
-        ),
+        **provenance("ner_casing.py", [*(["--folds", ",".join(map(str, folds))] if folds != [1] else []), *overrides]),
         "config": CONFIG,
         "rules_digest": rules_digest(),
         "folds": folds,

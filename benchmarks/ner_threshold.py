@@ -74,13 +74,49 @@ def _cached(tagger: Any, cache: dict[str, Any]) -> None:
     tagger.piece_logprobs = piece_logprobs
 
 
+def score_fold(
+    engines: dict[str, Any],
+    model: str,
+    gold: Sequence[Any],
+    bars: Sequence[float | None],
+    spacy_model: str,
+    label: str,
+) -> dict[str, dict[str, dict[str, int]]]:
+    """One fold model's held-out notes scored by each engine config at each bar, keyed ``"engine|bar"``; the notes
+    are tagged once (the engines share the pieces' log-probabilities) and decoded at every bar."""
+    from ctrlgen.extract.presidio import PresidioExtractor
+
+    cache: dict[str, Any] = {}
+    by: dict[str, dict[str, dict[str, int]]] = {}
+    for name, ecfg in engines.items():
+        ext = PresidioExtractor(ecfg.model_copy(update={"ner_model": model}), spacy_model, "direct+quasi")
+        tagger = ext.transformer_tagger
+        if tagger is None:
+            raise SystemExit(f"{model}: not a transformer NER")
+        _cached(tagger, cache)
+        for bar in bars:
+            tagger.o_threshold = bar
+            t1 = time.perf_counter()
+            by[f"{name}|{_bar_name(bar)}"] = _scores(gold, ext(gold))
+            print(f"[{label}] {name} at bar {_bar_name(bar)} ({time.perf_counter() - t1:.0f} s)", file=sys.stderr,
+                  flush=True)  # fmt: skip
+    return by
+
+
+def provenance(script: str, args: Sequence[str]) -> dict[str, str]:
+    """The JSON's "date" and "command": the day of the run and the command line that reproduces it."""
+    return {
+        "date": datetime.now(UTC).date().isoformat(),
+        "command": " ".join([f".venv/bin/python benchmarks/{script}", *args]),
+    }
+
+
 def measure(
     config: str, bars: Sequence[float | None], overrides: Sequence[str] = (), limit: int | None = None
 ) -> dict[str, Any]:
     from ctrlgen.config import PhysionetCorpusConfig, load_config
     from ctrlgen.corpora import load_corpus
     from ctrlgen.extract.crossval import _fold_jobs, train_cached
-    from ctrlgen.extract.presidio import PresidioExtractor
     from ctrlgen.extract.report import NER_CACHE, _ner_alone, rules_digest
 
     cfg = load_config(str(ROOT / config), list(overrides))
@@ -96,29 +132,10 @@ def measure(
     engines = {"NER alone": _ner_alone(ex), "NER + rules": ex}
     folds: list[dict[str, Any]] = []
     for i, ((_, patients, gold), model) in enumerate(zip(outer, models, strict=True)):
-        cache: dict[str, Any] = {}
-        fold: dict[str, Any] = {"patients": len(patients), "notes": len(gold), "by": {}}
-        for name, ecfg in engines.items():
-            ext = PresidioExtractor(ecfg.model_copy(update={"ner_model": model}), cfg.nlp.spacy_model, "direct+quasi")
-            tagger = ext.transformer_tagger
-            _cached(tagger, cache)
-            for bar in bars:
-                tagger.o_threshold = bar
-                t1 = time.perf_counter()
-                pred = ext(gold)
-                fold["by"][f"{name}|{_bar_name(bar)}"] = _scores(gold, pred)
-                print(f"[ner_threshold] fold {i + 1}: {name} at bar {_bar_name(bar)} "
-                      f"({time.perf_counter() - t1:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
-        folds.append(fold)
+        by = score_fold(engines, model, gold, bars, cfg.nlp.spacy_model, f"ner_threshold, fold {i + 1}")
+        folds.append({"patients": len(patients), "notes": len(gold), "by": by})
     return {
-        "date": datetime.now(UTC).date().isoformat(),
-        "command": " ".join(
-            [
-                ".venv/bin/python benchmarks/ner_threshold.py",
-                *(["--config", config] if config != CONFIG else []),
-                *overrides,
-            ]
-        ),
+        **provenance("ner_threshold.py", [*(["--config", config] if config != CONFIG else []), *overrides]),
         "config": config,
         "rules_digest": rules_digest(),
         "bars": [_bar_name(b) for b in bars],
