@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrlgen.config import ExtractionConfig, NerTrainingConfig
-from ctrlgen.extract.ner import META_FILE, NerTrainResult, Surrogates, patient_folds, train_ner
+from ctrlgen.extract.ner import META_FILE, NUMERICS, NerTrainResult, Surrogates, patient_folds, train_ner
 from ctrlgen.extract.rules import RuleSelection
 from ctrlgen.schema import Document
 
@@ -60,7 +60,9 @@ def ner_model_dir(cache: Path, docs: Sequence[Document], how: NerTrainingConfig,
         skip |= {"dropout", "width", "depth", "average_params"}
         if not how.case_features:  # a tagger without them keeps the key it had before they existed
             skip.add("case_features")
-    key = [sorted(d.doc_id for d in docs), how.model_dump(exclude=skip), base_model]
+    key: list[Any] = [sorted(d.doc_id for d in docs), how.model_dump(exclude=skip), base_model]
+    if how.kind == "spacy":  # a model trained on other kernels (BLIS's per-CPU choice) is not this one
+        key.append(NUMERICS)
     h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
     return cache / f"{name}-{h.hexdigest()[:12]}"
 

@@ -47,6 +47,9 @@ __all__ = [
 #: The NER's labels: ctrlgen's categories that private spans take.
 LABELS = ("PERSON", "LOC", "DATETIME", "CODE", "DEM", "ORG", "MISC", "QUANTITY")
 META_FILE = "ctrlgen_ner.json"
+#: how a spaCy NER's arithmetic runs in training (part of its cache key and of its metadata): thinc's numpy ops
+#: without BLIS, the matrix products on numpy's OpenBLAS (whose kernels ctrlgen pins), see :func:`train_ner`
+NUMERICS = "thinc numpy ops, no BLIS"
 _DROP_FROM_BASE = ["tok2vec", "tagger", "parser", "attribute_ruler", "lemmatizer", "senter"]
 
 
@@ -262,11 +265,26 @@ def train_ner(
     ``surrogates``: each epoch, ``augment_share`` of the documents with entities are seen
     with their private spans swapped for surrogates (:func:`augment`).
     """
+    from thinc.api import use_ops
+
+    say = log or (lambda m: print(f"train-ner: {m}", file=sys.stderr, flush=True))
+    # thinc's own matrix library (BLIS) picks its kernels per CPU (skx on AVX-512 Intel CPUs, its generic C code on
+    # CPUs it does not know, such as AMD Zen 3), which no environment variable pins: the model is built and trained
+    # on thinc's numpy ops without BLIS, whose products are numpy's OpenBLAS (pinned by pinned_blas_env)
+    with use_ops("numpy", use_blis=False):
+        return _train_ner(docs, out_dir, base_model, epochs, seed, dropout, negatives, surrogates, augment_share,
+                          trained_on, say, width, depth, average_params)  # fmt: skip
+
+
+def _train_ner(
+    docs: Sequence[Document], out_dir: str | Path, base_model: str, epochs: int, seed: int, dropout: float,
+    negatives: float, surrogates: Surrogates | None, augment_share: float, trained_on: dict[str, Any] | None,
+    say: Callable[[str], None], width: int | None, depth: int, average_params: bool,
+) -> NerTrainResult:  # fmt: skip
     from spacy.util import compounding, fix_random_seed, minibatch
 
     from ctrlgen.assets import load_spacy
 
-    say = log or (lambda m: print(f"train-ner: {m}", file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     fix_random_seed(seed)
     if width is None:
@@ -313,7 +331,7 @@ def train_ner(
         nlp.to_disk(out)
     return NerTrainResult.write(out, len(docs), n_spans, epochs, seed, time.perf_counter() - t0, losses_by_epoch,
                                 dict(trained_on or {}, base_model=base_model, dropout=dropout, negatives=negatives,
-                                     average_params=average_params,
+                                     average_params=average_params, ops=NUMERICS,
                                      augment_share=augment_share if surrogates else 0.0,
                                      architecture="fine-tuned base NER" if width is None
                                      else f"fresh NER, tok2vec width {width}, depth {depth}"))  # fmt: skip

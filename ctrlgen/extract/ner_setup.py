@@ -87,10 +87,16 @@ def train_configured_ner(
 
 def pinned_blas_env() -> dict[str, str]:
     """The environment that makes the NER's training use the same floating-point kernels on every x86-64 CPU with
-    AVX2: OpenBLAS (numpy's) otherwise picks them per CPU (SkylakeX on this project's machines, Haswell or Zen
-    elsewhere), and the weights then differ in their last bits, which training amplifies. Empty elsewhere
-    (another architecture, or a CPU without AVX2/FMA). Training is deterministic on one machine with or without it
-    (seeded; checked by tests/unit/test_ner_determinism.py)."""
+    AVX2, read when numpy loads (so training runs in a fresh process started with it):
+
+    - ``OPENBLAS_CORETYPE=Haswell``: OpenBLAS (numpy's, which runs the matrix products: :data:`~ctrlgen.extract.ner.
+      NUMERICS`) otherwise picks its kernels per CPU (SkylakeX, Haswell, Zen...), and the weights then differ in
+      their last bits, which training amplifies;
+    - ``NPY_DISABLE_CPU_FEATURES``: numpy's own loops above AVX2 (its AVX-512 dispatch targets, on CPUs that have
+      them) switched off, so an AVX-512 CPU runs the AVX2 loops every other such CPU runs.
+
+    Empty elsewhere (another architecture, or a CPU without AVX2/FMA). Training is deterministic on one machine with
+    or without it (seeded; checked by tests/unit/test_clinical_ner.py)."""
     import platform
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -99,7 +105,17 @@ def pinned_blas_env() -> dict[str, str]:
         flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
         return {}
-    return {"OPENBLAS_CORETYPE": "Haswell"} if {"avx2", "fma"} <= flags else {}
+    if not {"avx2", "fma"} <= flags:
+        return {}
+    return {"OPENBLAS_CORETYPE": "Haswell", "NPY_DISABLE_CPU_FEATURES": " ".join(numpy_above_avx2())}
+
+
+def numpy_above_avx2() -> list[str]:
+    """numpy's dispatch targets above AVX2 (x86-64-v3) in this numpy build: x86-64-v4 and the AVX-512 groups."""
+    import importlib
+
+    umath = importlib.import_module("numpy._core._multiarray_umath")
+    return [f for f in umath.__cpu_dispatch__ if f == "X86_V4" or f.startswith("AVX512")]
 
 
 def ensure_ner_model(cfg: CtrlgenConfig, log: Callable[[str], None] = _log) -> None:

@@ -11,7 +11,7 @@ from ctrlgen.config import ExtractionConfig, PhysionetCorpusConfig
 from ctrlgen.corpora import load_corpus
 from ctrlgen.errors import CtrlgenError
 from ctrlgen.extract.deid_tool import parse_phi, run_deid
-from ctrlgen.extract.ner import META_FILE, Surrogates, augment, patient_folds, spacy_examples, train_ner
+from ctrlgen.extract.ner import META_FILE, NUMERICS, Surrogates, augment, patient_folds, spacy_examples, train_ner
 from ctrlgen.extract.recognizers import DictionaryRecognizer, NameLists
 from ctrlgen.schema import CATEGORIES, Document, Entity
 
@@ -108,6 +108,28 @@ def test_the_saved_ner_holds_the_optimizers_averaged_weights(tmp_path, shared) -
     assert any(a.shape == b.shape and not (a == b).all() for a, b in zip(saved[True], saved[False], strict=True))
 
 
+def test_the_ner_trains_on_numpy_ops_without_blis(tmp_path, shared, monkeypatch) -> None:
+    """BLIS picks its kernels per CPU and cannot be pinned: the NER is built and trained on thinc's numpy ops
+    without it (numpy's pinned OpenBLAS runs the products), so another CPU trains the same weights."""
+    import ctrlgen.assets
+
+    built = []
+    load = ctrlgen.assets.load_spacy
+
+    def spy(*args, **kwargs):
+        built.append(load(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(ctrlgen.assets, "load_spacy", spy)
+    res = train_ner(_physionet(shared, 6), tmp_path / "m", epochs=1, width=32, depth=1)
+    ops = built[0].get_pipe("ner").model.ops
+    assert type(ops).__name__ == "NumpyOps" and ops.use_blis is False
+    assert res.trained_on["ops"] == NUMERICS
+    from thinc.api import get_current_ops
+
+    assert getattr(get_current_ops(), "use_blis", True)  # the process' own ops are as they were
+
+
 def test_cross_validation_scores_each_note_by_a_model_blind_to_its_patient(tmp_path, shared) -> None:
     from ctrlgen.config import NerTrainingConfig
     from ctrlgen.extract.crossval import cross_validate
@@ -155,6 +177,8 @@ def test_train_ner_command_keeps_an_identical_model(tmp_path, shared, capsys) ->
 
     if pinned_blas_env():  # x86-64 with AVX2: OpenBLAS ran the kernels pinned for every such CPU
         assert {b["architecture"] for b in again["blas"] if b["internal_api"] == "openblas"} == {"Haswell"}
+        assert set(pinned_blas_env()["NPY_DISABLE_CPU_FEATURES"].split()) >= {"X86_V4"}  # numpy's AVX-512 loops off
+    assert again["trained_on"]["ops"] == NUMERICS
     assert main([*args, "extraction.ner_training.seed=1"]) == 0  # other settings: trained again
     assert "NER trained on 12 documents" in capsys.readouterr().out
 

@@ -1,0 +1,232 @@
+"""The clinical NER's weights across CPUs (issue 41: the same extractor on every install).
+
+`make setup` trains the configured NER (``ctrlgen train-ner -c configs/extract_physionet_ner.yaml``), seeded and
+deterministic on one machine. Across machines its arithmetic may run on other kernels: numpy's OpenBLAS picks
+them per CPU (pinned to Haswell on x86-64 with AVX2 since the pin was added), numpy's own loops dispatch on AVX-512,
+and thinc's matrix library, BLIS, picks its own sub-configuration per CPU with no setting to pin it (``skx`` on
+AVX-512 Intel CPUs; its generic C code on CPUs its build does not know, such as AMD Zen 3). Training now runs on
+thinc's numpy ops without BLIS (``ctrlgen.extract.ner.NUMERICS``), numpy's AVX-512 loops off
+(``pinned_blas_env``). This script, on the machine it runs on:
+
+1. says which kernels the CPU gets: its vendor, family and model, AVX-512 or not, BLIS's own sub-configuration;
+2. trains a reduced NER (the first ``--notes`` notes, ``--epochs`` epochs, the config's architecture) in fresh
+   processes started with the pinned environment, twice on BLIS (the training before this change) and twice on
+   the numpy ops, interleaved: each path's SHA-256 (deterministic on one machine?) and time;
+3. trains the configured NER as `make setup` does (``ctrlgen train-ner``, into a temporary directory): its SHA-256.
+
+docs/benchmarks/ner_kernels.json keeps one entry per CPU (a run on another CPU adds its own): **two CPUs whose
+configured-NER hashes are equal train the same model.** The section also lists the hashes that `make setup`
+printed in the kept CI logs (docs/benchmarks/suite/), all trained before this change.
+
+    .venv/bin/python benchmarks/ner_kernels.py            # ~10 min on this project's 2-core machines
+    .venv/bin/python benchmarks/ner_kernels.py --render
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+from _report import write_section  # noqa: E402
+
+JSON = ROOT / "docs" / "benchmarks" / "ner_kernels.json"
+TITLE = "Entity extraction: the clinical NER's weights across CPUs"
+CONFIG = "configs/extract_physionet_ner.yaml"
+SUITE_LOGS = ROOT / "docs" / "benchmarks" / "suite"
+PY = str(ROOT / ".venv" / "bin" / "python")
+
+# One reduced training in a fresh process: "blis" is the training before this change (thinc's default ops, BLIS
+# products), "numpy" the training now (train_ner: thinc's numpy ops without BLIS).
+_CHILD = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+from thinc.api import use_ops
+from ctrlgen.config import PhysionetCorpusConfig, load_config
+from ctrlgen.corpora import load_corpus
+from ctrlgen.extract.ner import Surrogates, _train_ner, train_ner
+cfg = load_config({config!r}, [])
+h = cfg.extraction.ner_training
+docs = load_corpus(PhysionetCorpusConfig(path=cfg.corpus.path, identifiers="direct+quasi", limit={notes}))[0]
+pools = Surrogates.from_dir(cfg.extraction.name_lists) if cfg.extraction.name_lists else None
+args = (docs, {out!r}, cfg.nlp.spacy_model, {epochs}, h.seed, h.dropout, h.negatives, pools, h.augment_share, None)
+t0 = time.perf_counter()
+if {mode!r} == "blis":
+    with use_ops("numpy", use_blis=True):
+        res = _train_ner(*args, lambda m: None, h.width, h.depth, h.average_params)
+else:
+    res = train_ner(*args, log=lambda m: None, width=h.width, depth=h.depth, average_params=h.average_params)
+print(json.dumps({{"sha256": res.weights_sha256, "seconds": round(time.perf_counter() - t0, 1)}}))
+"""
+
+
+def cpu() -> dict[str, Any]:
+    """The CPU's identity (vendor, family, model) and the kernels its libraries pick."""
+    info: dict[str, str] = {}
+    flags: set[str] = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        k, _, v = line.partition(":")
+        k, v = k.strip(), v.strip()
+        if k in ("vendor_id", "cpu family", "model", "model name") and k not in info:
+            info[k] = v
+        if k == "flags" and not flags:
+            flags = set(v.split())
+    probe = "import numpy as np, blis.py; a = np.ones((8, 8), dtype='float32'); blis.py.gemm(a, a)"
+    out = subprocess.run([PY, "-c", probe], env={**os.environ, "BLIS_ARCH_DEBUG": "1"}, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    blis = re.search(r"sub-configuration '(\w+)'", out.stdout + out.stderr)
+    return {
+        "key": f"{info.get('vendor_id', '?')} family {info.get('cpu family', '?')} model {info.get('model', '?')}",
+        "name": info.get("model name", "?"),
+        "avx512": "avx512f" in flags,
+        "avx2": {"avx2", "fma"} <= flags,
+        "blis": blis.group(1) if blis else "?",
+        "cores": os.cpu_count(),
+    }
+
+
+def _child(mode: str, notes: int, epochs: int, out: str, env: dict[str, str]) -> dict[str, Any]:
+    code = _CHILD.format(root=str(ROOT), config=str(ROOT / CONFIG), notes=notes, out=out, epochs=epochs, mode=mode)
+    res = subprocess.run([PY, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT)
+    if res.returncode:
+        raise SystemExit(f"reduced training ({mode}) failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def configured(env: dict[str, str], out: str) -> dict[str, Any]:
+    """The NER `make setup` trains, trained the same way (``ctrlgen train-ner``), into ``out``."""
+    t0 = time.perf_counter()
+    res = subprocess.run([str(ROOT / ".venv" / "bin" / "ctrlgen"), "train-ner", "-c", CONFIG, "--out", out],
+                         env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    if res.returncode:
+        raise SystemExit(f"ctrlgen train-ner failed:\n{res.stderr[-3000:]}")
+    meta = json.loads((Path(out) / "ctrlgen_ner.json").read_text())
+    return {"sha256": meta["weights_sha256"], "seconds": round(time.perf_counter() - t0, 1),
+            "key": meta["trained_on"]["key"], "blas": meta["blas"]}  # fmt: skip
+
+
+def suite_hashes() -> dict[str, int]:
+    """The configured NER's hashes that `make setup` printed in the kept CI logs (trained before this change)."""
+    found: Counter[str] = Counter()
+    for log in sorted(SUITE_LOGS.glob("*.log")):
+        for h in re.findall(r"weights sha256 ([0-9a-f]{64})", log.read_text(errors="replace")):
+            found[h] += 1
+    return dict(found)
+
+
+def measure(notes: int, epochs: int, repeats: int) -> dict[str, Any]:
+    from ctrlgen.extract.ner_setup import pinned_blas_env
+
+    env = pinned_blas_env()
+    runs: dict[str, list[dict[str, Any]]] = {"blis": [], "numpy": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeats):
+            for mode in runs:
+                runs[mode].append(_child(mode, notes, epochs, f"{tmp}/{mode}{r}", env))
+                print(f"[ner_kernels] {mode} #{r + 1}: {runs[mode][-1]}", file=sys.stderr, flush=True)
+        conf = configured(env, f"{tmp}/configured")
+    print(f"[ner_kernels] configured: {conf['sha256']} ({conf['seconds']} s)", file=sys.stderr, flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "ctrlgen", "pyproject.toml", "requirements.lock"],
+                           capture_output=True, text=True, cwd=ROOT).stdout.strip()  # fmt: skip
+    return {
+        "date": datetime.now(UTC).date().isoformat(),
+        "commit": commit.stdout.strip() + (" + uncommitted changes" if dirty else ""),
+        "cpu": cpu(),
+        "env": env,
+        "reduced": {"notes": notes, "epochs": epochs, "runs": runs},
+        "configured": conf,
+    }
+
+
+def report(r: dict[str, Any]) -> str:
+    machines = r["machines"]
+    lines = [
+        f"Command: `{r['command']}` (`--render` rewrites this section from docs/benchmarks/ner_kernels.json, which "
+        "keeps one entry per CPU: a run on another CPU adds its row). Training of the configured NER "
+        f"(`ctrlgen train-ner -c {CONFIG}`, what `make setup` runs) on thinc's numpy ops without BLIS, numpy's "
+        "OpenBLAS pinned to Haswell and numpy's AVX-512 loops off. **Equal hashes on two CPUs: the same model.**",
+        "",
+        "| CPU | AVX-512 | BLIS's own choice | configured NER sha256 | trained in s | commit | date |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m in machines.values():
+        c = m["cpu"]
+        lines.append(f"| {c['key']} ({c['name']}, {c['cores']} cores) | {'yes' if c['avx512'] else 'no'} | "
+                     f"{c['blis']} | `{m['configured']['sha256'][:16]}` | {m['configured']['seconds']:.0f} | "
+                     f"{m['commit']} | {m['date']} |")  # fmt: skip
+    lines += [
+        "",
+        "Reduced trainings (the first notes of the corpus, the config's architecture, fresh processes with the "
+        "pinned environment, interleaved): the training before this change (thinc's default ops: BLIS's products) "
+        "and the training now.",
+        "",
+        "| CPU | path | notes x epochs | sha256 of each run | s per run |",
+        "|---|---|---|---|---|",
+    ]
+    for m in machines.values():
+        red = m["reduced"]
+        for mode, label in (("blis", "before: BLIS"), ("numpy", "now: numpy ops, no BLIS")):
+            runs = red["runs"][mode]
+            hashes = ", ".join(f"`{x['sha256'][:12]}`" for x in runs)
+            secs = " / ".join(f"{x['seconds']:.1f}" for x in runs)
+            lines.append(f"| {m['cpu']['key']} | {label} | {red['notes']} x {red['epochs']} | {hashes} | {secs} |")
+    before = {m["cpu"]["key"]: m["setup_before"] for m in machines.values() if m.get("setup_before")}
+    old = r.get("suite_hashes", {})
+    if old or before:
+        listed = "; ".join(f"`{h[:16]}` ({n} set-up{'s' if n > 1 else ''})" for h, n in old.items())
+        lines += [
+            "",
+            "Before this change: the configured NER's hashes that `make setup` printed in the kept CI logs "
+            f"(docs/benchmarks/suite/): {listed or 'none'}"
+            + "".join(f"; on {k}, the set-up of this machine (`--setup-log`): `{h[:16]}`" for k, h in before.items())
+            + ".",
+        ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--notes", type=int, default=600, help="notes of the reduced trainings")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs of the reduced trainings")
+    ap.add_argument("--repeats", type=int, default=2, help="reduced trainings per path")
+    ap.add_argument(
+        "--setup-log",
+        type=Path,
+        help="a `make setup` log of this machine from before this change: "
+        "the configured NER's hash it printed is kept with this CPU's entry",
+    )
+    ap.add_argument("--render", action="store_true", help="rewrite the section from the saved JSON")
+    args = ap.parse_args()
+    r = json.loads(JSON.read_text()) if JSON.is_file() else {"machines": {}}
+    if not args.render:
+        m = measure(args.notes, args.epochs, args.repeats)
+        if args.setup_log:
+            found = re.findall(r"weights sha256 ([0-9a-f]{64})", args.setup_log.read_text(errors="replace"))
+            m["setup_before"] = found[-1] if found else None
+        r["machines"][m["cpu"]["key"]] = m
+        r["command"] = ".venv/bin/python benchmarks/ner_kernels.py"
+        r["date"] = m["date"]
+        r["suite_hashes"] = suite_hashes()
+        JSON.parent.mkdir(parents=True, exist_ok=True)
+        JSON.write_text(json.dumps(r, indent=1) + "\n")
+    body = report(r)
+    write_section(TITLE, body, run_date=r["date"])
+    print(body)
+
+
+if __name__ == "__main__":
+    main()
