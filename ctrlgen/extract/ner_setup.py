@@ -80,9 +80,35 @@ def train_configured_ner(
         train_cached([job], 1)
     res = json.loads(meta_path.read_text())
     kernels = ", ".join(f"{b['internal_api']} {b['architecture']}" for b in res["blas"]) or "BLAS unknown"
+    same = compare_to_recorded(res["trained_on"].get("key", ""), res["weights_sha256"])
     return (f"train-ner: NER trained on {res['documents']} documents ({res['spans']} spans), {res['epochs']} epochs, "
             f"seed {res['seed']}, in {res['seconds']:.0f} s -> {out}; weights sha256 {res['weights_sha256']} "
-            f"({kernels} kernels)")  # fmt: skip
+            f"({kernels} kernels){'; ' + same if same else ''}")  # fmt: skip
+
+
+#: the configured NER's hash on each CPU benchmarks/ner_kernels.py ran on (absent from an installed package)
+RECORDED = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "ner_kernels.json"
+
+
+def compare_to_recorded(key: str, sha256: str, recorded: Path = RECORDED) -> str:
+    """Whether a model just trained has the weights recorded for the same training (its cache ``key``) on other
+    CPUs by benchmarks/ner_kernels.py: "" when none is recorded for that key."""
+    try:
+        machines = json.loads(recorded.read_text())["machines"]
+    except (OSError, ValueError, KeyError):
+        return ""
+    same: list[str] = []
+    other: list[str] = []
+    for cpu, m in machines.items():
+        conf = m.get("configured", {})
+        if conf.get("key") == key:
+            (same if conf.get("sha256") == sha256 else other).append(cpu)
+    parts = []
+    if same:
+        parts.append(f"the weights recorded on {', '.join(same)}")
+    if other:
+        parts.append(f"NOT the weights recorded on {', '.join(other)} (this CPU's kernels differ)")
+    return f"{' and '.join(parts)} ({recorded.name})" if parts else ""
 
 
 def pinned_blas_env() -> dict[str, str]:

@@ -395,8 +395,11 @@ def test_an_untrained_ner_is_trained_on_first_use_from_the_configured_data(tmp_p
             "extraction.ner_training.width=32", "extraction.ner_training.depth=1"]  # fmt: skip
     with pytest.raises(CtrlgenError, match="ctrlgen train-ner"):  # no data configured: a clear error
         ensure_ner_model(load_config(None, base))
-    data = ["extraction.ner_training.data.format=physionet",
-            f"extraction.ner_training.data.path={shared / 'physionet-deid'}", "extraction.ner_training.data.limit=20"]
+    data = [
+        "extraction.ner_training.data.format=physionet",
+        f"extraction.ner_training.data.path={shared / 'physionet-deid'}",
+        "extraction.ner_training.data.limit=20",
+    ]
     said: list[str] = []
     ensure_ner_model(load_config(None, base + data), said.append)
     meta = json.loads((model / META_FILE).read_text())
@@ -406,3 +409,19 @@ def test_an_untrained_ner_is_trained_on_first_use_from_the_configured_data(tmp_p
     ensure_ner_model(load_config(None, base + data), said.append)  # trained: nothing to do
     assert len(said) == 2 and (model / META_FILE).stat().st_mtime == stamp
     ensure_ner_model(load_config(None, [f"extraction.ner_model={tmp_path / 'other'}"]))  # known setting: no NER
+
+
+def test_a_trained_ner_is_compared_with_the_hashes_recorded_on_other_cpus(tmp_path) -> None:
+    from ctrlgen.extract.ner_setup import compare_to_recorded
+
+    rec = tmp_path / "ner_kernels.json"
+    assert compare_to_recorded("k-1", "aa", rec) == ""  # nothing recorded
+    rec.write_text(json.dumps({"machines": {
+        "Intel x": {"configured": {"key": "k-1", "sha256": "aa"}},
+        "AMD y": {"configured": {"key": "k-1", "sha256": "bb"}},
+        "AMD z": {"configured": {"key": "k-2", "sha256": "cc"}},
+    }}))  # fmt: skip
+    said = compare_to_recorded("k-1", "aa", rec)
+    assert "the weights recorded on Intel x" in said and "NOT the weights recorded on AMD y" in said
+    assert "AMD z" not in said  # another training: not comparable
+    assert compare_to_recorded("k-3", "aa", rec) == ""
