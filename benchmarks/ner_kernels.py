@@ -6,7 +6,7 @@ them per CPU (pinned to Haswell on x86-64 with AVX2 since the pin was added), nu
 and thinc's matrix library, BLIS, picks its own sub-configuration per CPU with no setting to pin it (``skx`` on
 AVX-512 Intel CPUs; its generic C code on CPUs its build does not know, such as AMD Zen 3). Training now runs on
 thinc's numpy ops without BLIS (``ctrlgen.extract.ner.NUMERICS``), numpy's AVX-512 loops off
-(``pinned_blas_env``). This script, on the machine it runs on:
+(``pinned_blas_env``), OpenBLAS on one thread (its products split over threads give other weights). This script, on the machine it runs on:
 
 1. says which kernels the CPU gets: its vendor, family and model, AVX-512 or not, BLIS's own sub-configuration;
 2. trains a reduced NER (the first ``--notes`` notes, ``--epochs`` epochs, the config's architecture) in fresh
@@ -158,7 +158,7 @@ def report(r: dict[str, Any]) -> str:
         f"Command: `{r['command']}` (`--render` rewrites this section from docs/benchmarks/ner_kernels.json, which "
         "keeps one entry per CPU: a run on another CPU adds its row). Training of the configured NER "
         f"(`ctrlgen train-ner -c {CONFIG}`, what `make setup` runs) on thinc's numpy ops without BLIS, numpy's "
-        "OpenBLAS pinned to Haswell and numpy's AVX-512 loops off. **Equal hashes on two CPUs: the same model.**",
+        "OpenBLAS pinned to Haswell on one thread and numpy's AVX-512 loops off. **Equal hashes on two CPUs: the same model.**",
         "",
         "| CPU | AVX-512 | BLIS's own choice | configured NER sha256 | trained in s | commit | date |",
         "|---|---|---|---|---|---|---|",

@@ -421,21 +421,23 @@ its offsets; a prediction is *correct* (precision) when it overlaps a gold span.
 are by gold category, precision by predicted category. All gold spans count (DIRECT and QUASI).
 Speeds are documents per second on one core of this machine (2 cores), models loaded.
 
-**The same model on every set-up?** Training is seeded and deterministic on one machine: trained twice
-in separate processes it gives the same weights, byte for byte (tests/unit/test_clinical_ner.py), and
-`ctrlgen train-ner` records their SHA-256 and the BLAS kernels used in the model's `ctrlgen_ner.json`.
-Across machines, three libraries choose their kernels per CPU: numpy's OpenBLAS (SkylakeX, Haswell, Zen...),
-numpy's own loops (AVX-512 or AVX2) and thinc's BLIS (skx on AVX-512 Intel CPUs, its generic C code on AMD Zen 3,
-which its build does not know, with no setting to pin it). The last bits of the weights then differ and training
-amplifies them: two clean set-ups of one commit on two machines reached 92.7% / 75.4% and 91.9% / 74.2% (recall /
-precision) on the same unseen notes, and an Intel (AVX-512) and an AMD Zen 3 set-up of one commit printed
-different hashes with OpenBLAS already pinned. `ctrlgen train-ner` therefore trains, in a fresh process, on
-thinc's numpy ops without BLIS (the products on numpy's OpenBLAS), OpenBLAS pinned to Haswell and numpy's
-AVX-512 loops off (`OPENBLAS_CORETYPE`, `NPY_DISABLE_CPU_FEATURES`) on every x86-64 CPU with AVX2: the same
-kernels on every such CPU (for a spaCy NER; a transformer tagger's torch kernels are not pinned).
-benchmarks/ner_kernels.py records each CPU's hash of the configured NER in docs/benchmarks.md; equal hashes mean the same model, and until CPUs of both vendors are listed there
-identical weights across CPU models are a design, not a measured fact. The figures below are one set-up's
-(the model of this run); the two set-ups above differed by 0.8 (recall) and 1.2 (precision) points.
+**The same model on every set-up?** Training is seeded and deterministic on one machine: trained twice in separate
+processes it gives the same weights, byte for byte (tests/unit/test_clinical_ner.py), and `ctrlgen train-ner`
+records their SHA-256 and the BLAS kernels used in the model's `ctrlgen_ner.json`. Across machines, three
+libraries choose their kernels per CPU: numpy's OpenBLAS (SkylakeX, Haswell, Zen...), numpy's own loops (AVX-512
+or AVX2) and thinc's BLIS (skx on AVX-512 Intel CPUs, its generic C code on AMD Zen 3, which its build does not
+know, with no setting to pin it). The last bits of the weights then differ and training amplifies them: two clean
+set-ups of one commit on two machines reached 92.7% / 75.4% and 91.9% / 74.2% (recall / precision) on the same
+unseen notes, and an Intel (AVX-512) and an AMD Zen 3 set-up of one commit printed different hashes with OpenBLAS
+already pinned. `ctrlgen train-ner` therefore trains, in a fresh process, on thinc's numpy ops without BLIS (the
+products on numpy's OpenBLAS), OpenBLAS pinned to Haswell on one thread (its products split over two threads give
+other weights than on one: another core count, another model) and numpy's AVX-512 loops off (`OPENBLAS_CORETYPE`,
+`OPENBLAS_NUM_THREADS`, `NPY_DISABLE_CPU_FEATURES`) on every x86-64 CPU with AVX2: the same kernels on every such
+CPU (for a spaCy NER; a transformer tagger's torch kernels are not pinned). benchmarks/ner_kernels.py records each
+CPU's hash of the configured NER in docs/benchmarks.md; equal hashes mean the same model, and until CPUs of both
+vendors are listed there identical weights across CPU models are a design, not a measured fact. The figures below
+are one set-up's (the model of this run); the two set-ups above differed by 0.8 (recall) and 1.2 (precision)
+points.
 
 """
 

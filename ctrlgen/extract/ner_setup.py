@@ -118,6 +118,8 @@ def pinned_blas_env() -> dict[str, str]:
     - ``OPENBLAS_CORETYPE=Haswell``: OpenBLAS (numpy's, which runs the matrix products: :data:`~ctrlgen.extract.ner.
       NUMERICS`) otherwise picks its kernels per CPU (SkylakeX, Haswell, Zen...), and the weights then differ in
       their last bits, which training amplifies;
+    - ``OPENBLAS_NUM_THREADS=1``: its products split over threads give other last bits than on one thread (two
+      threads on 2 cores, another count elsewhere: another model), and the NER's matrices are small;
     - ``NPY_DISABLE_CPU_FEATURES``: numpy's own loops above AVX2 (its AVX-512 dispatch targets, on CPUs that have
       them) switched off, so an AVX-512 CPU runs the AVX2 loops every other such CPU runs.
 
@@ -133,7 +135,11 @@ def pinned_blas_env() -> dict[str, str]:
         return {}
     if not {"avx2", "fma"} <= flags:
         return {}
-    return {"OPENBLAS_CORETYPE": "Haswell", "NPY_DISABLE_CPU_FEATURES": " ".join(numpy_above_avx2())}
+    return {
+        "OPENBLAS_CORETYPE": "Haswell",
+        "OPENBLAS_NUM_THREADS": "1",
+        "NPY_DISABLE_CPU_FEATURES": " ".join(numpy_above_avx2()),
+    }
 
 
 def numpy_above_avx2() -> list[str]:

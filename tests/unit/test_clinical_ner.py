@@ -177,6 +177,7 @@ def test_train_ner_command_keeps_an_identical_model(tmp_path, shared, capsys) ->
 
     if pinned_blas_env():  # x86-64 with AVX2: OpenBLAS ran the kernels pinned for every such CPU
         assert {b["architecture"] for b in again["blas"] if b["internal_api"] == "openblas"} == {"Haswell"}
+        assert {b["num_threads"] for b in again["blas"] if b["internal_api"] == "openblas"} == {1}  # any core count
         assert set(pinned_blas_env()["NPY_DISABLE_CPU_FEATURES"].split()) >= {"X86_V4"}  # numpy's AVX-512 loops off
     assert again["trained_on"]["ops"] == NUMERICS
     assert main([*args, "extraction.ner_training.seed=1"]) == 0  # other settings: trained again
