@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import multiprocessing
 import os
 import sys
 from collections.abc import Sequence
@@ -21,7 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from ctrlgen.config import ExtractionConfig, NerTrainingConfig
-from ctrlgen.extract.ner import META_FILE, NUMERICS, NerTrainResult, Surrogates, patient_folds, train_ner
+from ctrlgen.extract.ner import (
+    META_FILE,
+    NUMERICS,
+    NerTrainResult,
+    Surrogates,
+    patient_folds,
+    pinned_blas_env,
+    train_ner,
+)
 from ctrlgen.extract.rules import RuleSelection
 from ctrlgen.schema import Document
 
@@ -86,19 +95,40 @@ def _train(job: TrainJob) -> NerTrainResult:
 
 
 def train_cached(jobs: list[TrainJob], workers: int) -> list[str]:
-    """Train the models not cached yet (``workers`` processes); their directories, in order."""
+    """Train the models not cached yet (``workers`` processes); their directories, in order.
+
+    spaCy NERs train in fresh processes started with :func:`~ctrlgen.extract.ner.pinned_blas_env` (OpenBLAS reads
+    its kernels and thread count when numpy loads), the configured NER and the cross-validation's fold models alike,
+    so that both are the models every CPU of the kind trains."""
     todo = [j for j in jobs if not (j.out / META_FILE).is_file()]
-    if todo:
-        if workers > 1 and len(todo) > 1:
-            n = min(workers, len(todo))
-            share = max(1, (os.cpu_count() or 1) // n)  # processes side by side share the cores
-            todo = [dataclasses.replace(j, threads=j.threads or share) for j in todo]
-            with ProcessPoolExecutor(max_workers=n) as pool:
-                list(pool.map(_train, todo))
-        else:  # in this process: a transformer's training takes every core whatever this process's torch threads
-            for job in todo:
-                _train(dataclasses.replace(job, threads=job.threads or (os.cpu_count() or 1)))
+    spacy = [j for j in todo if j.how.kind == "spacy"]
+    for group, env in ((spacy, pinned_blas_env()), ([j for j in todo if j.how.kind != "spacy"], {})):
+        if group:
+            _train_all(group, workers, env)
     return [str(j.out) for j in jobs]
+
+
+def _train_all(todo: list[TrainJob], workers: int, env: dict[str, str]) -> None:
+    n = min(workers, len(todo)) if workers > 1 else 1
+    fresh = any(os.environ.get(k) != v for k, v in env.items())  # this process did not start with it
+    if n == 1 and not fresh:  # in this process: a transformer's training takes every core whatever torch's threads
+        for job in todo:
+            _train(dataclasses.replace(job, threads=job.threads or (os.cpu_count() or 1)))
+        return
+    share = max(1, (os.cpu_count() or 1) // n)  # processes side by side share the cores
+    todo = [dataclasses.replace(j, threads=j.threads or share) for j in todo]
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # inherited by the spawned workers, which load numpy afresh
+    try:
+        ctx = multiprocessing.get_context("spawn") if fresh else None
+        with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+            list(pool.map(_train, todo))
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def cross_validate(

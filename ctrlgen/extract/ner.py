@@ -39,7 +39,9 @@ __all__ = [
     "NerTrainResult",
     "Surrogates",
     "augment",
+    "numpy_above_avx2",
     "patient_folds",
+    "pinned_blas_env",
     "spacy_examples",
     "train_ner",
 ]
@@ -212,6 +214,63 @@ def blas_kernels() -> list[dict[str, Any]]:
     return [{k: i.get(k) for k in keys} for i in threadpool_info() if i.get("user_api") == "blas"]
 
 
+def pinned_blas_env() -> dict[str, str]:
+    """The environment that makes a spaCy NER's training use the same floating-point kernels on every x86-64 CPU
+    with AVX2, read when numpy loads (so training runs in a fresh process started with it:
+    :func:`ctrlgen.extract.crossval.train_cached`):
+
+    - ``OPENBLAS_CORETYPE=Haswell``: OpenBLAS (numpy's, which runs the matrix products: :data:`NUMERICS`) otherwise
+      picks its kernels per CPU (SkylakeX, Haswell, Zen...), and the weights then differ in their last bits, which
+      training amplifies;
+    - ``OPENBLAS_NUM_THREADS=1``: its products split over threads give other last bits than on one thread (two
+      threads on 2 cores, another count elsewhere: another model), and the NER's matrices are small;
+    - ``NPY_DISABLE_CPU_FEATURES``: numpy's own loops above AVX2 (its AVX-512 dispatch targets, on CPUs that have
+      them) switched off, so an AVX-512 CPU runs the AVX2 loops every other such CPU runs. Left out when this numpy
+      does not say its dispatch targets (:func:`numpy_above_avx2`); the model's metadata then says its loops were
+      not pinned.
+
+    Empty elsewhere (another architecture, or a CPU without AVX2/FMA). Training is deterministic on one machine with
+    or without it (seeded; checked by tests/unit/test_clinical_ner.py)."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return {}
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return {}
+    if not {"avx2", "fma"} <= flags:
+        return {}
+    env = {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_NUM_THREADS": "1"}
+    above = numpy_above_avx2()
+    if above is not None:
+        env["NPY_DISABLE_CPU_FEATURES"] = " ".join(above)
+    return env
+
+
+def numpy_above_avx2() -> list[str] | None:
+    """numpy's dispatch targets above AVX2 (x86-64-v3) in this numpy build: x86-64-v4 and the AVX-512 groups; None
+    when this numpy does not list them where numpy 2.x does (a private module: a later release may move it)."""
+    import importlib
+
+    try:
+        targets = importlib.import_module("numpy._core._multiarray_umath").__cpu_dispatch__
+    except (ImportError, AttributeError):
+        return None
+    return [f for f in targets if f == "X86_V4" or f.startswith("AVX512")]
+
+
+def numerics_in_use() -> dict[str, Any]:
+    """What this process's training arithmetic ran on beyond :data:`NUMERICS`, for a model's metadata: whether the
+    environment of :func:`pinned_blas_env` was in force (and numpy's loops pinned)."""
+    import os
+
+    pin = pinned_blas_env()
+    pinned = bool(pin) and all(os.environ.get(k) == v for k, v in pin.items())
+    loops = "AVX-512 targets off" if pinned and "NPY_DISABLE_CPU_FEATURES" in pin else "per CPU (not pinned)"
+    return {"blas_env_pinned": pinned, "numpy_loops": loops}
+
+
 def _ner_model_config(width: int, depth: int) -> dict[str, Any]:
     """spaCy's NER architecture (as in en_core_web_sm) with a narrower / shallower tok2vec."""
     return {
@@ -331,7 +390,7 @@ def _train_ner(
         nlp.to_disk(out)
     return NerTrainResult.write(out, len(docs), n_spans, epochs, seed, time.perf_counter() - t0, losses_by_epoch,
                                 dict(trained_on or {}, base_model=base_model, dropout=dropout, negatives=negatives,
-                                     average_params=average_params, ops=NUMERICS,
+                                     average_params=average_params, ops=NUMERICS, **numerics_in_use(),
                                      augment_share=augment_share if surrogates else 0.0,
                                      architecture="fine-tuned base NER" if width is None
                                      else f"fresh NER, tok2vec width {width}, depth {depth}"))  # fmt: skip

@@ -9,7 +9,6 @@ or named in a clear error.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -18,8 +17,9 @@ from typing import Any
 
 from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import CtrlgenError
+from ctrlgen.extract.ner import numpy_above_avx2, pinned_blas_env
 
-__all__ = ["ensure_ner_model", "train_configured_ner"]
+__all__ = ["compare_to_recorded", "ensure_ner_model", "numpy_above_avx2", "pinned_blas_env", "train_configured_ner"]
 
 
 def _log(msg: str) -> None:
@@ -59,25 +59,7 @@ def train_configured_ner(
     meta = {"key": key, "corpus": corpus.path, "format": corpus.format, "documents": len(docs),
             "quarantined": len(quarantined), "limit": limit, **(provenance or {})}  # fmt: skip
     job = TrainJob(list(docs), Path(out), ex.ner_training, cfg.nlp.spacy_model, ex.name_lists, meta)
-    env = pinned_blas_env()
-    if env and any(os.environ.get(k) != v for k, v in env.items()):
-        # OpenBLAS reads its kernel choice when numpy loads: train in a fresh process that starts with it set.
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        before = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                pool.submit(train_cached, [job], 1).result()
-        finally:
-            for k, v in before.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-    else:
-        train_cached([job], 1)
+    train_cached([job], 1)  # in a fresh process with the pinned BLAS environment (spaCy NERs)
     res = json.loads(meta_path.read_text())
     kernels = ", ".join(f"{b['internal_api']} {b['architecture']}" for b in res["blas"]) or "BLAS unknown"
     same = compare_to_recorded(res["trained_on"].get("key", ""), res["weights_sha256"])
@@ -109,45 +91,6 @@ def compare_to_recorded(key: str, sha256: str, recorded: Path = RECORDED) -> str
     if other:
         parts.append(f"NOT the weights recorded on {', '.join(other)} (this CPU's kernels differ)")
     return f"{' and '.join(parts)} ({recorded.name})" if parts else ""
-
-
-def pinned_blas_env() -> dict[str, str]:
-    """The environment that makes the NER's training use the same floating-point kernels on every x86-64 CPU with
-    AVX2, read when numpy loads (so training runs in a fresh process started with it):
-
-    - ``OPENBLAS_CORETYPE=Haswell``: OpenBLAS (numpy's, which runs the matrix products: :data:`~ctrlgen.extract.ner.
-      NUMERICS`) otherwise picks its kernels per CPU (SkylakeX, Haswell, Zen...), and the weights then differ in
-      their last bits, which training amplifies;
-    - ``OPENBLAS_NUM_THREADS=1``: its products split over threads give other last bits than on one thread (two
-      threads on 2 cores, another count elsewhere: another model), and the NER's matrices are small;
-    - ``NPY_DISABLE_CPU_FEATURES``: numpy's own loops above AVX2 (its AVX-512 dispatch targets, on CPUs that have
-      them) switched off, so an AVX-512 CPU runs the AVX2 loops every other such CPU runs.
-
-    Empty elsewhere (another architecture, or a CPU without AVX2/FMA). Training is deterministic on one machine with
-    or without it (seeded; checked by tests/unit/test_clinical_ner.py)."""
-    import platform
-
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return {}
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return {}
-    if not {"avx2", "fma"} <= flags:
-        return {}
-    return {
-        "OPENBLAS_CORETYPE": "Haswell",
-        "OPENBLAS_NUM_THREADS": "1",
-        "NPY_DISABLE_CPU_FEATURES": " ".join(numpy_above_avx2()),
-    }
-
-
-def numpy_above_avx2() -> list[str]:
-    """numpy's dispatch targets above AVX2 (x86-64-v3) in this numpy build: x86-64-v4 and the AVX-512 groups."""
-    import importlib
-
-    umath = importlib.import_module("numpy._core._multiarray_umath")
-    return [f for f in umath.__cpu_dispatch__ if f == "X86_V4" or f.startswith("AVX512")]
 
 
 def ensure_ner_model(cfg: CtrlgenConfig, log: Callable[[str], None] = _log) -> None:

