@@ -19,6 +19,7 @@ configured-NER hashes are equal train the same model.** The section also lists t
 printed in the kept CI logs (docs/benchmarks/suite/), all trained before this change.
 
     .venv/bin/python benchmarks/ner_kernels.py            # ~10 min on this project's 2-core machines
+    .venv/bin/python benchmarks/ner_kernels.py --setup-log LOG  # also keep a pre-change `make setup` log's hash
     .venv/bin/python benchmarks/ner_kernels.py --render
 """
 
@@ -28,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -49,28 +51,28 @@ CONFIG = "configs/extract_physionet_ner.yaml"
 SUITE_LOGS = ROOT / "docs" / "benchmarks" / "suite"
 PY = str(ROOT / ".venv" / "bin" / "python")
 
-# One reduced training in a fresh process: "blis" is the training before this change (thinc's default ops, BLIS
-# products), "numpy" the training now (train_ner: thinc's numpy ops without BLIS).
+# One reduced training in a fresh process, as the cross-validation trains its fold models (crossval._train): "numpy"
+# the training now (train_ner: thinc's numpy ops without BLIS), "blis" the training before this change (thinc's
+# default ops, BLIS's products: train_ner without its use_ops context).
 _CHILD = """
-import json, sys, time
+import contextlib, json, sys, time
+from pathlib import Path
 sys.path.insert(0, {root!r})
-from thinc.api import use_ops
+import thinc.api
 from ctrlgen.config import PhysionetCorpusConfig, load_config
 from ctrlgen.corpora import load_corpus
-from ctrlgen.extract.ner import Surrogates, _train_ner, train_ner
-cfg = load_config({config!r}, [])
-h = cfg.extraction.ner_training
+from ctrlgen.extract.crossval import TrainJob, _train
+cfg = load_config({config!r}, ["extraction.ner_training.epochs={epochs}"])
 docs = load_corpus(PhysionetCorpusConfig(path=cfg.corpus.path, identifiers="direct+quasi", limit={notes}))[0]
-pools = Surrogates.from_dir(cfg.extraction.name_lists) if cfg.extraction.name_lists else None
-args = (docs, {out!r}, cfg.nlp.spacy_model, {epochs}, h.seed, h.dropout, h.negatives, pools, h.augment_share, None)
-t0 = time.perf_counter()
 if {mode!r} == "blis":
-    with use_ops("numpy", use_blis=True):
-        res = _train_ner(*args, lambda m: None, h.width, h.depth, h.average_params)
-else:
-    res = train_ner(*args, log=lambda m: None, width=h.width, depth=h.depth, average_params=h.average_params)
+    thinc.api.use_ops = lambda *a, **k: contextlib.nullcontext()
+t0 = time.perf_counter()
+job = TrainJob(docs, Path({out!r}), cfg.extraction.ner_training, cfg.nlp.spacy_model, cfg.extraction.name_lists, {{}})
+res = _train(job)
 print(json.dumps({{"sha256": res.weights_sha256, "seconds": round(time.perf_counter() - t0, 1)}}))
 """
+#: the configured NER's hash as `ctrlgen train-ner` prints it (make-setup and CI logs)
+WEIGHTS = re.compile(r"weights sha256 ([0-9a-f]{64})")
 
 
 def cpu() -> dict[str, Any]:
@@ -122,7 +124,7 @@ def suite_hashes() -> dict[str, int]:
     """The configured NER's hashes that `make setup` printed in the kept CI logs (trained before this change)."""
     found: Counter[str] = Counter()
     for log in sorted(SUITE_LOGS.glob("*.log")):
-        for h in re.findall(r"weights sha256 ([0-9a-f]{64})", log.read_text(errors="replace")):
+        for h in WEIGHTS.findall(log.read_text(errors="replace")):
             found[h] += 1
     return dict(found)
 
@@ -168,6 +170,9 @@ def report(r: dict[str, Any]) -> str:
         lines.append(f"| {c['key']} ({c['name']}, {c['cores']} cores) | {'yes' if c['avx512'] else 'no'} | "
                      f"{c['blis']} | `{m['configured']['sha256'][:16]}` | {m['configured']['seconds']:.0f} | "
                      f"{m['commit']} | {m['date']} |")  # fmt: skip
+    runs = [f"{m['cpu']['key']}: `{m['command']}`" for m in machines.values() if m.get("command")]
+    if runs:
+        lines += ["", "Each CPU's run: " + "; ".join(runs) + "."]
     lines += [
         "",
         "Reduced trainings (the first notes of the corpus, the config's architecture, fresh processes with the "
@@ -200,7 +205,7 @@ def report(r: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--notes", type=int, default=600, help="notes of the reduced trainings")
+    ap.add_argument("--notes", type=int, default=300, help="notes of the reduced trainings")
     ap.add_argument("--epochs", type=int, default=2, help="epochs of the reduced trainings")
     ap.add_argument("--repeats", type=int, default=2, help="reduced trainings per path")
     ap.add_argument(
@@ -215,8 +220,9 @@ def main() -> None:
     if not args.render:
         m = measure(args.notes, args.epochs, args.repeats)
         if args.setup_log:
-            found = re.findall(r"weights sha256 ([0-9a-f]{64})", args.setup_log.read_text(errors="replace"))
+            found = WEIGHTS.findall(args.setup_log.read_text(errors="replace"))
             m["setup_before"] = found[-1] if found else None
+        m["command"] = shlex.join([".venv/bin/python", "benchmarks/ner_kernels.py", *sys.argv[1:]])
         r["machines"][m["cpu"]["key"]] = m
         r["command"] = ".venv/bin/python benchmarks/ner_kernels.py"
         r["date"] = m["date"]

@@ -429,8 +429,8 @@ or AVX2) and thinc's BLIS (skx on AVX-512 Intel CPUs, its generic C code on AMD 
 know, with no setting to pin it). The last bits of the weights then differ and training amplifies them: two clean
 set-ups of one commit on two machines reached 92.7% / 75.4% and 91.9% / 74.2% (recall / precision) on the same
 unseen notes, and an Intel (AVX-512) and an AMD Zen 3 set-up of one commit printed different hashes with OpenBLAS
-already pinned. `ctrlgen train-ner` therefore trains, in a fresh process, on thinc's numpy ops without BLIS (the
-products on numpy's OpenBLAS), OpenBLAS pinned to Haswell on one thread (its products split over two threads give
+already pinned. `ctrlgen train-ner`, and this report for its fold models, therefore train in fresh processes, on
+thinc's numpy ops without BLIS (the products on numpy's OpenBLAS), OpenBLAS pinned to Haswell on one thread (its products split over two threads give
 other weights than on one: another core count, another model) and numpy's AVX-512 loops off (`OPENBLAS_CORETYPE`,
 `OPENBLAS_NUM_THREADS`, `NPY_DISABLE_CPU_FEATURES`) on every x86-64 CPU with AVX2: the same kernels on every such
 CPU (for a spaCy NER; a transformer tagger's torch kernels are not pinned). benchmarks/ner_kernels.py records each
