@@ -16,7 +16,8 @@ thinc's numpy ops without BLIS (``ctrlgen.extract.ner.NUMERICS``), numpy's AVX-5
 
 docs/benchmarks/ner_kernels.json keeps one entry per CPU (a run on another CPU adds its own): **two CPUs whose
 configured-NER hashes are equal train the same model.** The section also lists the hashes that `make setup`
-printed in the kept CI logs (docs/benchmarks/suite/), all trained before this change.
+printed in the kept CI logs (docs/benchmarks/suite/), before this change and after it (a set-up after it says
+whether its weights are the ones recorded here).
 
     .venv/bin/python benchmarks/ner_kernels.py            # ~10 min on this project's 2-core machines
     .venv/bin/python benchmarks/ner_kernels.py --setup-log LOG  # also keep a pre-change `make setup` log's hash
@@ -120,17 +121,19 @@ def configured(env: dict[str, str], out: str) -> dict[str, Any]:
             "key": meta["trained_on"]["key"], "blas": meta["blas"]}  # fmt: skip
 
 
-def suite_hashes() -> dict[str, int]:
-    """The configured NER's hashes that `make setup` printed in the kept CI logs (trained before this change)."""
-    found: Counter[str] = Counter()
+def suite_hashes() -> dict[str, dict[str, int]]:
+    """The configured NER's hashes that `make setup` printed in the kept CI logs, counted apart for set-ups before
+    this change and after it (those compare their weights with this JSON's: "... weights recorded on ...")."""
+    found: dict[str, Counter[str]] = {"before": Counter(), "after": Counter()}
     for log in sorted(SUITE_LOGS.glob("*.log")):
-        for h in WEIGHTS.findall(log.read_text(errors="replace")):
-            found[h] += 1
-    return dict(found)
+        for line in log.read_text(errors="replace").splitlines():
+            for h in WEIGHTS.findall(line):
+                found["after" if "weights recorded on" in line else "before"][h] += 1
+    return {k: dict(v) for k, v in found.items()}
 
 
 def measure(notes: int, epochs: int, repeats: int) -> dict[str, Any]:
-    from ctrlgen.extract.ner_setup import pinned_blas_env
+    from ctrlgen.extract.ner import pinned_blas_env
 
     env = pinned_blas_env()
     runs: dict[str, list[dict[str, Any]]] = {"blis": [], "numpy": []}
@@ -190,15 +193,18 @@ def report(r: dict[str, Any]) -> str:
             secs = " / ".join(f"{x['seconds']:.1f}" for x in runs)
             lines.append(f"| {m['cpu']['key']} | {label} | {red['notes']} x {red['epochs']} | {hashes} | {secs} |")
     before = {m["cpu"]["key"]: m["setup_before"] for m in machines.values() if m.get("setup_before")}
-    old = r.get("suite_hashes", {})
-    if old or before:
-        listed = "; ".join(f"`{h[:16]}` ({n} set-up{'s' if n > 1 else ''})" for h, n in old.items())
+    suite = suite_hashes()  # the kept logs, read at each render (a CI log kept later is counted without a rerun)
+
+    def listed(hashes: dict[str, int]) -> str:
+        return "; ".join(f"`{h[:16]}` ({n} set-up{'s' if n > 1 else ''})" for h, n in hashes.items()) or "none"
+
+    if suite or before:
         lines += [
             "",
-            "Before this change: the configured NER's hashes that `make setup` printed in the kept CI logs "
-            f"(docs/benchmarks/suite/): {listed or 'none'}"
+            "The configured NER's hashes that `make setup` printed in the kept CI logs (docs/benchmarks/suite/): "
+            f"before this change {listed(suite.get('before', {}))}"
             + "".join(f"; on {k}, the set-up of this machine (`--setup-log`): `{h[:16]}`" for k, h in before.items())
-            + ".",
+            + f"; after it {listed(suite.get('after', {}))}.",
         ]
     return "\n".join(lines)
 
@@ -226,7 +232,7 @@ def main() -> None:
         r["machines"][m["cpu"]["key"]] = m
         r["command"] = ".venv/bin/python benchmarks/ner_kernels.py"
         r["date"] = m["date"]
-        r["suite_hashes"] = suite_hashes()
+        r.pop("suite_hashes", None)  # read from the kept logs at each render
         JSON.parent.mkdir(parents=True, exist_ok=True)
         JSON.write_text(json.dumps(r, indent=1) + "\n")
     body = report(r)

@@ -430,14 +430,14 @@ know, with no setting to pin it). The last bits of the weights then differ and t
 set-ups of one commit on two machines reached 92.7% / 75.4% and 91.9% / 74.2% (recall / precision) on the same
 unseen notes, and an Intel (AVX-512) and an AMD Zen 3 set-up of one commit printed different hashes with OpenBLAS
 already pinned. `ctrlgen train-ner`, and this report for its fold models, therefore train in fresh processes, on
-thinc's numpy ops without BLIS (the products on numpy's OpenBLAS), OpenBLAS pinned to Haswell on one thread (its products split over two threads give
-other weights than on one: another core count, another model) and numpy's AVX-512 loops off (`OPENBLAS_CORETYPE`,
-`OPENBLAS_NUM_THREADS`, `NPY_DISABLE_CPU_FEATURES`) on every x86-64 CPU with AVX2: the same kernels on every such
-CPU (for a spaCy NER; a transformer tagger's torch kernels are not pinned). benchmarks/ner_kernels.py records each
-CPU's hash of the configured NER in docs/benchmarks.md; equal hashes mean the same model, and until CPUs of both
-vendors are listed there identical weights across CPU models are a design, not a measured fact. The figures below
-are one set-up's (the model of this run); the two set-ups above differed by 0.8 (recall) and 1.2 (precision)
-points.
+thinc's numpy ops without BLIS (the products on numpy's OpenBLAS), OpenBLAS pinned to Haswell on one thread (its
+products split over two threads give other weights than on one: another core count, another model) and numpy's
+AVX-512 loops off (`OPENBLAS_CORETYPE`, `OPENBLAS_NUM_THREADS`, `NPY_DISABLE_CPU_FEATURES`) on every x86-64 CPU
+with AVX2: the same kernels on every such CPU (for a spaCy NER; a transformer tagger's torch kernels are not
+pinned). benchmarks/ner_kernels.py records each CPU's hash of the configured NER in docs/benchmarks.md; equal
+hashes mean the same model, and until CPUs of both vendors are listed there identical weights across CPU models
+are a design, not a measured fact. The figures below are one set-up's (the model of this run); the two set-ups
+above differed by 0.8 (recall) and 1.2 (precision) points.
 
 """
 

@@ -9,13 +9,14 @@ is scored by a model that never saw its patient. Folds train in parallel process
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import multiprocessing
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,12 +118,19 @@ def _train_all(todo: list[TrainJob], workers: int, env: dict[str, str]) -> None:
         return
     share = max(1, (os.cpu_count() or 1) // n)  # processes side by side share the cores
     todo = [dataclasses.replace(j, threads=j.threads or share) for j in todo]
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # inherited by the spawned workers, which load numpy afresh
-    try:
+    with _environ(env):  # inherited by the spawned workers, which load numpy afresh
         ctx = multiprocessing.get_context("spawn") if fresh else None
         with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
             list(pool.map(_train, todo))
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """Set ``env`` in this process' environment for the block, then put back what was there (or nothing)."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
     finally:
         for k, v in before.items():
             if v is None:

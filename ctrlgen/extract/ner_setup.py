@@ -17,9 +17,8 @@ from typing import Any
 
 from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import CtrlgenError
-from ctrlgen.extract.ner import numpy_above_avx2, pinned_blas_env
 
-__all__ = ["compare_to_recorded", "ensure_ner_model", "numpy_above_avx2", "pinned_blas_env", "train_configured_ner"]
+__all__ = ["compare_to_recorded", "ensure_ner_model", "train_configured_ner"]
 
 
 def _log(msg: str) -> None:
