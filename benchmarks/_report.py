@@ -17,6 +17,7 @@ ORDER: list[tuple[str, list[str]]] = [
                     "Entity extraction: the transformer NER's bar on P(O)",
                     "Entity extraction: word-shape features for the uncased transformer NER",
                     "Entity extraction: the clinical NER's weights across CPUs",
+                    "Entity extraction: a learned span filter after the engine",
                     "spaCy release and NER speed"]),
     ("Prefix training", ["Prefix tuning: masked vs plain, 1 vs 2 Ray Train workers",
                          "DP-SGD step vs plain prefix-tuning step"]),
