@@ -456,6 +456,7 @@ def _dictionary_recognizer_class() -> Any:
 
         def __init__(self, lists: NameLists, score: float = 0.6) -> None:
             self.lists, self.score = lists, score
+            self._place_heads = frozenset(p.split(" ")[0] for p in lists.places)  # a place's first word
             super().__init__(supported_entities=["PERSON", "LOC"], name="DictionaryRecognizer")
 
         def load(self) -> None:
@@ -470,12 +471,23 @@ def _dictionary_recognizer_class() -> Any:
             if "PERSON" in entities:
                 hits = [False] * len(toks)
                 titled_hit = [False] * len(toks)
+                # before a credential ("Lander RRT"): the one clue a word takes from the word after it
+                cred_next = [t.lower().rstrip(".") in CREDENTIALS for t, _, _ in toks[1:]] + [False]
                 for i, (t, s, e) in enumerate(toks):
                     hit = is_name[i]
                     u = ups[i]
-                    bare = t.strip("'-")
                     prev = toks[i - 1][0].lower().rstrip(".:,-") if i else ""
                     prev = prev[:-2] if prev.endswith("'s") else prev
+                    if not (
+                        hit
+                        or u in L.ambiguous
+                        or cred_next[i]
+                        or prev in _TITLES
+                        or prev in NAME_CONTEXT
+                        or (i and (len(toks[i - 1][0]) == 1 or ups[i - 1] in L.first or titled_hit[i - 1]))
+                    ):
+                        continue  # no clue below can make it a name (most words): skip the work
+                    bare = t.strip("'-")
                     gap = text[toks[i - 1][2] : s] if i else ""
                     adjacent = i > 0 and toks[i - 1][2] + 2 >= s
                     close = i > 0 and gap in (" ", "  ", ". ", ".", ".  ", "- ", "-", " - ", ", ")
@@ -549,7 +561,10 @@ def _dictionary_recognizer_class() -> Any:
                         end = e + 1 if len(t) == 1 and text[e : e + 1] == "." else e
                         out.append(RecognizerResult("PERSON", s, end, self.score))
             if "LOC" in entities:
+                heads = self._place_heads
                 for i in range(len(toks)):
+                    if ups[i] not in heads:
+                        continue
                     for n in (4, 3, 2, 1):
                         if i + n <= len(toks) and " ".join(ups[i : i + n]) in L.places:
                             out.append(RecognizerResult("LOC", toks[i][1], toks[i + n - 1][2], self.score))
