@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _report import write_section  # noqa: E402
+from ner_kernels import cpu  # noqa: E402
 
 from ctrlgen.config import ExtractionConfig, PhysionetCorpusConfig, load_config  # noqa: E402
 from ctrlgen.corpora import load_corpus  # noqa: E402
@@ -51,6 +52,7 @@ def main() -> int:
     ap.add_argument("--deid-notes", type=int, default=300, help="Notes the deid tool is timed on.")
     args = ap.parse_args()
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
+    this_cpu = cpu()
     cfg = load_config(str(CONFIG), [f"corpus.path={PHYSIONET}"])
     ex = cfg.extraction
     if not ex.ner_model or not (ROOT / ex.ner_model / "ctrlgen_ner.json").is_file():
@@ -122,8 +124,16 @@ def main() -> int:
     per_core = n / (2 * job_s)
 
     body = (
-        f"Command: `.venv/bin/python benchmarks/extract_ner.py` (started {started} UTC; 2 cores; the NER of "
-        f"`ctrlgen train-ner -c configs/extract_physionet_ner.yaml`).\n\n"
+        f"Command: `.venv/bin/python benchmarks/extract_ner.py` (started {started} UTC; {this_cpu['cores']} cores of "
+        f"{this_cpu['key']} ({this_cpu['name']}); the NER of `ctrlgen train-ner -c configs/extract_physionet_ner.yaml`). "
+        "These machines differ up to ~3x in speed: a run on another CPU replaces this one (git keeps the earlier ones)."
+        + (
+            ""
+            if with_transformer
+            else " The transformer NER was not trained on this machine (`ctrlgen train-ner -c "
+            "configs/extract_physionet_transformer.yaml`): its rows are left out."
+        )
+        + "\n\n"
         "| path | notes | notes/s per core | vs the deid tool | vs the target (100/s per core) |\n|---|---|---|---|---|\n"
         f"| one core, clinical NER engine | {len(docs):,} | {loop['clinical NER']:.1f} | "
         f"{loop['clinical NER'] / deid_rate:.1f}x | {loop['clinical NER'] / TARGET:.2f} |\n"
