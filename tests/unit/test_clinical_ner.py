@@ -255,6 +255,14 @@ def lists() -> NameLists:
         ("husband zorvan in to visit", ["zorvan"]),  # an uncommon word after a relation word
         ("TV 500'S. SATS 98%", []),  # "S." glued to a number is no initial
         ("WITH PT AND RN", []),  # "PT" is no credential, "RN" follows a common word
+        # each clue that lets a word through the recognizer's early skip
+        ("seen by Francis G. Levine today", ["Francis", "G.", "Levine"]),  # back from a name over an initial
+        ("Dr Will Cole at bedside", ["Cole", "Will"]),  # a capitalised word after a titled name
+        ("spoke with Leona Labowich about", ["Labowich", "Leona"]),  # an uncommon word after a first name
+        ("ABG drawn by Foley, CRT", ["Foley"]),  # a word before a credential
+        ("Q. Baker notified", ["Baker", "Q."]),  # a mixed-case word after an initial
+        ("dr. aware; son bill in", ["bill"]),  # an ambiguous first name after a relation word
+        ("transferred to Sacred Heart Memorial", ["Sacred Heart Memorial"]),  # a place of three words
     ],
 )
 def test_dictionary_recognizer(lists, text, expected) -> None:
