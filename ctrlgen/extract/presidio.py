@@ -121,6 +121,19 @@ def _fast_engine_class() -> Any:
         (:func:`_no_context_enhancer`).
         """
 
+        def process_batch(
+            self, texts: Any, language: str, batch_size: int = 1, n_process: int = 1, as_tuples: bool = False
+        ) -> Any:
+            """Presidio's ``process_batch``, yielding each input text as it came: Presidio's own yields ``doc.text``,
+            which spaCy rebuilds from every token in Python (the same string: spaCy's tokenization keeps it)."""
+            if as_tuples:
+                yield from super().process_batch(texts, language, batch_size, n_process, as_tuples)
+                return
+            texts = [str(t) for t in texts]
+            docs = self.nlp[language].pipe(texts, batch_size=batch_size, n_process=n_process)
+            for text, doc in zip(texts, docs, strict=True):
+                yield text, self._doc_to_nlp_artifact(doc, language)
+
         def _doc_to_nlp_artifact(self, doc: Any, language: str) -> Any:
             entities, scores = self._get_updated_entities(self._get_entities(doc), self._get_scores_for_entities(doc))
             return NlpArtifacts(
