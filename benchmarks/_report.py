@@ -3,9 +3,12 @@ the order of the system's stages (``ORDER``), whatever order the benchmarks ran 
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
@@ -69,6 +72,29 @@ def write_section(title: str, body: str, run_date: str | None = None) -> None:
     sections = sections_of(DOC.read_text()) if DOC.exists() else {}
     sections[title] = f"## {title}\n\n_Run on {run_date or date.today().isoformat()}._\n\n{body.strip()}\n"
     DOC.write_text(render(sections))
+
+
+def publish(
+    title: str, json_path: Path, report: Callable[[dict[str, Any]], str], measured: dict[str, Any] | None = None,
+    smoke: bool = False,
+) -> None:  # fmt: skip
+    """The tail every measuring benchmark shares: ``measured`` None re-renders the section from ``json_path`` alone;
+    otherwise the run's JSON is written there (a ``smoke`` run's to /tmp instead, with no section) and the section
+    is rendered from it. The section is printed too."""
+    if measured is None:
+        r = json.loads(json_path.read_text())
+    else:
+        r = measured
+        out = Path("/tmp") / f"{json_path.stem}_smoke.json" if smoke else json_path
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(r, indent=1) + "\n")
+        if smoke:
+            print(report(r))
+            print(f"(a smoke run: its JSON is {out}, docs/benchmarks.md unchanged)")
+            return
+    body = report(r)
+    write_section(title, body, run_date=r["date"])
+    print(body)
 
 
 if __name__ == "__main__":  # re-render the page in stage order, every section as it is

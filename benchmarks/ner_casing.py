@@ -21,7 +21,6 @@ transformer NER" of docs/benchmarks.md; ``--render`` rewrites the section from t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from _report import write_section  # noqa: E402
+from _report import publish  # noqa: E402
 from ner_threshold import CONFIG, PHYSIONET, _bar_name, _pct, _pr, _sum, provenance, score_fold  # noqa: E402
 
 JSON = ROOT / "docs" / "benchmarks" / "ner_casing.json"
@@ -125,17 +124,12 @@ def main() -> None:
     ap.add_argument("--render", action="store_true", help="rewrite the section from the saved JSON")
     ap.add_argument("overrides", nargs="*", help="config overrides for both taggers, key=value")
     args = ap.parse_args()
-    if args.render:
-        r = json.loads(JSON.read_text())
-    else:
+    measured = None
+    if not args.render:
         folds = [int(f) for f in args.folds.split(",") if f.strip()]
         bars = [None if b.strip() == "argmax" else float(b) for b in args.bars.split(",") if b.strip()]
-        r = measure(folds, bars, args.overrides)
-        JSON.parent.mkdir(parents=True, exist_ok=True)
-        JSON.write_text(json.dumps(r, indent=1) + "\n")
-    body = report(r)
-    write_section(TITLE, body, run_date=r["date"])
-    print(body)
+        measured = measure(folds, bars, args.overrides)
+    publish(TITLE, JSON, report, measured)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from _report import write_section  # noqa: E402
+from _report import publish  # noqa: E402
 
 JSON = ROOT / "docs" / "benchmarks" / "ner_kernels.json"
 TITLE = "Entity extraction: the clinical NER's weights across CPUs"
@@ -198,7 +198,7 @@ def report(r: dict[str, Any]) -> str:
     def listed(hashes: dict[str, int]) -> str:
         return "; ".join(f"`{h[:16]}` ({n} set-up{'s' if n > 1 else ''})" for h, n in hashes.items()) or "none"
 
-    if suite or before:
+    if any(suite.values()) or before:
         lines += [
             "",
             "The configured NER's hashes that `make setup` printed in the kept CI logs (docs/benchmarks/suite/): "
@@ -222,23 +222,20 @@ def main() -> None:
     )
     ap.add_argument("--render", action="store_true", help="rewrite the section from the saved JSON")
     args = ap.parse_args()
+    if args.render:
+        publish(TITLE, JSON, report)
+        return
     r = json.loads(JSON.read_text()) if JSON.is_file() else {"machines": {}}
-    if not args.render:
-        m = measure(args.notes, args.epochs, args.repeats)
-        if args.setup_log:
-            found = WEIGHTS.findall(args.setup_log.read_text(errors="replace"))
-            m["setup_before"] = found[-1] if found else None
-        m["command"] = shlex.join([".venv/bin/python", "benchmarks/ner_kernels.py", *sys.argv[1:]])
-        r["machines"][m["cpu"]["key"]] = m
-        r["command"] = ".venv/bin/python benchmarks/ner_kernels.py"
-        r["date"] = m["date"]
-        r.pop("suite_hashes", None)  # read from the kept logs at each render
-        JSON.parent.mkdir(parents=True, exist_ok=True)
-        JSON.write_text(json.dumps(r, indent=1) + "\n")
-    body = report(r)
-    write_section(TITLE, body, run_date=r["date"])
-    print(body)
-
+    m = measure(args.notes, args.epochs, args.repeats)
+    if args.setup_log:
+        found = WEIGHTS.findall(args.setup_log.read_text(errors="replace"))
+        m["setup_before"] = found[-1] if found else None
+    m["command"] = shlex.join([".venv/bin/python", "benchmarks/ner_kernels.py", *sys.argv[1:]])
+    r["machines"][m["cpu"]["key"]] = m
+    r["command"] = ".venv/bin/python benchmarks/ner_kernels.py"
+    r["date"] = m["date"]
+    r.pop("suite_hashes", None)  # the JSON of an earlier run: the suite's hashes are read from the kept logs
+    publish(TITLE, JSON, report, r)
 
 if __name__ == "__main__":
     main()

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -39,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from _report import write_section  # noqa: E402
+from _report import publish  # noqa: E402
 
 CONFIG = "configs/extract_physionet_transformer.yaml"
 PHYSIONET = ROOT.parent / "shared" / "data" / "physionet-deid"
@@ -231,20 +230,11 @@ def main() -> None:
     ap.add_argument("--limit", type=int, help="the first N notes only (a smoke run: JSON to /tmp, no section)")
     ap.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = ap.parse_args()
-    if args.render:
-        r = json.loads(JSON.read_text())
-    else:
+    measured = None
+    if not args.render:
         bars = [None if b.strip() == "argmax" else float(b) for b in args.bars.split(",") if b.strip()]
-        r = measure(args.config, bars, args.overrides, args.limit)
-        if args.limit:
-            Path("/tmp/ner_threshold_smoke.json").write_text(json.dumps(r, indent=1) + "\n")
-            print(report(r))
-            return
-        JSON.parent.mkdir(parents=True, exist_ok=True)
-        JSON.write_text(json.dumps(r, indent=1) + "\n")
-    body = report(r)
-    write_section(TITLE, body, run_date=r["date"])
-    print(body)
+        measured = measure(args.config, bars, args.overrides, args.limit)
+    publish(TITLE, JSON, report, measured, smoke=bool(args.limit))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ Pooled over the 5 folds, the held-out rows are the out-of-sample result. Writes 
 and the section "Entity extraction: a learned span filter after the engine" of docs/benchmarks.md; ``--render``
 rewrites the section from the JSON alone. No span text is written (features are computed in memory).
 
-    .venv/bin/python benchmarks/span_filter.py            # ~10 min on 2 cores with the fold models cached
+    .venv/bin/python benchmarks/span_filter.py            # ~3-4 min on 2 cores with the fold models cached
     .venv/bin/python benchmarks/span_filter.py --render
 """
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import re
 import sys
@@ -44,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from _report import write_section  # noqa: E402
+from _report import publish  # noqa: E402
 from ner_threshold import PHYSIONET, _pct, _pr, _sum, provenance  # noqa: E402
 
 CONFIG = "configs/extract_physionet_ner.yaml"
@@ -350,22 +349,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=CONFIG)
     ap.add_argument("--render", action="store_true", help="rewrite the section from the saved JSON")
-    ap.add_argument("--limit", type=int, help="the first N notes only (a smoke run: JSON to /tmp, no section)")
+    ap.add_argument("--limit", type=int, help="the first N notes only (a smoke run: JSON to /tmp, no section); not cheap: other notes give "
+                    "other fold-model cache keys, so it trains its 5 outer and 15 inner fold NERs (~20 small NERs)")
     ap.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = ap.parse_args()
-    if args.render:
-        r = json.loads(JSON.read_text())
-    else:
-        r = measure(args.config, args.overrides, args.limit)
-        if args.limit:
-            Path("/tmp/span_filter_smoke.json").write_text(json.dumps(r, indent=1) + "\n")
-            print(report(r))
-            return
-        JSON.parent.mkdir(parents=True, exist_ok=True)
-        JSON.write_text(json.dumps(r, indent=1) + "\n")
-    body = report(r)
-    write_section(TITLE, body, run_date=r["date"])
-    print(body)
+    measured = None if args.render else measure(args.config, args.overrides, args.limit)
+    publish(TITLE, JSON, report, measured, smoke=bool(args.limit))
 
 
 if __name__ == "__main__":
