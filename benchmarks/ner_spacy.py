@@ -183,7 +183,8 @@ def report(r: dict[str, Any]) -> str:
         f"patients (the fold models of `ctrlgen extract-report`) and scored on the held-out fold's notes: the NER alone "
         f"(no hand-written recognizer, veto or mention propagation) and the engine with the configured rules, frozen "
         f"(digest `{r['rules_digest']}`, no in-fold selection). Speed: the held-out notes per second of extraction in "
-        f"this process on one core ({r['cpu']}), models loaded.",
+        f"this process on one core ({r['cpu']}), models loaded; each table's rows ran in one run, the tables in "
+        f"different runs (the fold-1 run shared the machine with other work: compare speeds within a table).",
         "",
     ]
     if chosen is not None:
