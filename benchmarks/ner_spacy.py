@@ -213,7 +213,7 @@ def report(r: dict[str, Any]) -> str:
         "",
         "Variants (`extraction.ner_training` overrides): "
         + "; ".join(f"{n}: `{' '.join(v['overrides']) or 'as configured'}`" for n, v in r["variants"].items())
-        + f". Trained in this run in {r['train_seconds'] / 60:.1f} min on 2 processes (0 when cached). Targets "
+        + f". Training took {r['train_seconds'] / 60:.1f} min on 2 processes over the runs (0 when cached). Targets "
         "(issue 41, by patient-level CV): the NER alone >= 95% recall; the engine >= 98.5% recall, >= 85% "
         "precision; the Ray job >= 100 notes/s per core.",
     ]
