@@ -23,9 +23,21 @@ def shared() -> Path:
     return SHARED
 
 
+# Where the user's converted models are (read before any test points CTRLGEN_CACHE elsewhere): the Ray workers of
+# the module clusters, started with this environment, convert SmolLM2 there.
+_USER_MODELS = Path(os.environ.get("CTRLGEN_CACHE") or Path.home() / ".cache" / "ctrlgen") / "models"
+
+
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Tests never write into the user's cache, except the converted SmolLM2, which
-    # is shared (read-only after the first conversion) to keep the suite fast.
+    # Tests never write into the user's cache, except the converted SmolLM2, which is shared (read-only after the
+    # first conversion, made under a file lock) to keep the suite fast: the test cache's models/ is a link to the
+    # user's, so the tests' processes and the Ray workers convert it once per machine, not once each.
     if "CTRLGEN_TEST_CACHE" not in os.environ:
-        monkeypatch.setenv("CTRLGEN_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        cache = tmp_path_factory.getbasetemp() / "cache"
+        monkeypatch.setenv("CTRLGEN_CACHE", str(cache))
+        models = cache / "models"
+        if not models.is_symlink() and not models.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            _USER_MODELS.mkdir(parents=True, exist_ok=True)
+            models.symlink_to(_USER_MODELS, target_is_directory=True)

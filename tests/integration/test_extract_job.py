@@ -132,6 +132,8 @@ def test_main_job_runs_end_to_end_on_the_embedded_default(ray_cluster, tmp_path,
             "-c",
             "configs/demo.yaml",
             "demo_corpus.n_notes=500",
+            # 2 of the default's 8 notes to synthesize (one per generation actor): `make demo` runs all 8
+            "generation.num_documents=2",
             f"demo_corpus.output_dir={tmp_path / 'n'}",
             f"output_dir={tmp_path}",
         ]
@@ -140,6 +142,8 @@ def test_main_job_runs_end_to_end_on_the_embedded_default(ray_cluster, tmp_path,
     assert rc == 0
     assert "rows in 500 = documents out" in out and "--- control code of document" in out
     assert "PERSON: " in out
+    # the generation and service stages ran too (2 notes x ICL, ICL + blocking), then the demo's end
+    assert "targets 2 x modes -> rows 4" in out and "== 5/5 the synthesis service" in out and "done; outputs in" in out
 
 
 def test_status_sink_writes_every_row_once_by_status(tmp_path):
