@@ -140,6 +140,9 @@ class AttackActor:
             judge, atomizer = self._steps(seed)
             rows = attack_records(records, self._index(group), judge, self.s.k, seed, self.encoder, atomizer)
             out += [{"group": group, **{k: r[k] for k in _ROWS.names if k != "group"}} for r in rows]
+        j = self.similarity
+        print(f"[semantic actor] {len(out)} records of {len(by)} group(s); judge texts embedded {j.embedded}, "
+              f"reused {j.reused} (this actor so far)", flush=True)  # fmt: skip
         return pa.Table.from_pylist(out, schema=_ROWS)
 
 

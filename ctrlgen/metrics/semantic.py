@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -142,16 +143,38 @@ def _unit(encoder: Any, texts: Sequence[str]) -> np.ndarray:
 
 
 class SimilarityJudge:
-    """Offline judge: best cosine similarity of a claim with the document's claims, two thresholds."""
+    """Offline judge: best cosine similarity of a claim with the document's claims, two thresholds.
 
-    def __init__(self, encoder: Any, same: float, partly: float) -> None:
+    Embeddings are kept by text (up to ``cache_size`` texts, least recently used out first): an attack judges the
+    same record's claims against many released sets (one per experiment cell) and a released document's claims once
+    per record it is linked to, and each text is embedded once. A text embedded in another batch can differ in the
+    last bits of its embedding (padding); a verdict moves only for a similarity within those bits of a threshold."""
+
+    def __init__(self, encoder: Any, same: float, partly: float, cache_size: int = 20_000) -> None:
         if not partly < same:
             raise ValueError(f"thresholds must satisfy partly < same; got {partly} and {same}")
         self.encoder, self.same, self.partly = encoder, same, partly
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.embedded = 0  # texts embedded (cache misses)
+        self.reused = 0  # texts whose embedding was kept
+
+    def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        todo = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        if todo:
+            self._cache.update(zip(todo, _unit(self.encoder, todo), strict=True))
+        self.embedded += len(todo)
+        self.reused += len(texts) - len(todo)
+        out = np.stack([self._cache[t] for t in texts])
+        for t in texts:
+            self._cache.move_to_end(t)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return out
 
     def similarity(self, claims: Sequence[str], document: str) -> np.ndarray:
         parts = atomize(document, 1) or [document]
-        return (_unit(self.encoder, claims) @ _unit(self.encoder, parts).T).max(axis=1)  # type: ignore[no-any-return]
+        return (self._embed(claims) @ self._embed(parts).T).max(axis=1)  # type: ignore[no-any-return]
 
     def __call__(self, claims: Sequence[str], document: str) -> list[int]:
         if not claims:

@@ -53,6 +53,23 @@ def setup(shared):
     return originals, unrelated, encoder, SimilarityJudge(encoder, same, partly), medians
 
 
+def test_the_judge_embeds_each_text_once_and_judges_as_without_its_cache(setup) -> None:
+    import numpy as np
+
+    originals, _, encoder, judge, _ = setup
+    claims, doc = atomize(originals[0].text), originals[1].text
+    parts = atomize(doc, 1)
+    kept = SimilarityJudge(encoder, judge.same, judge.partly)
+    first = kept(claims, doc)
+    assert kept.embedded == len(set(claims) | set(parts)) and kept.reused == len(claims) + len(parts) - kept.embedded
+    assert kept(claims, doc) == first and kept.embedded == len(set(claims) | set(parts))  # the second time: no model
+    none = SimilarityJudge(encoder, judge.same, judge.partly, cache_size=0)  # every call embeds afresh
+    assert none(claims, doc) == first and none(claims, doc) == first and none.embedded == 2 * kept.embedded
+    np.testing.assert_allclose(kept.similarity(claims, doc), none.similarity(claims, doc), atol=1e-5)
+    small = SimilarityJudge(encoder, judge.same, judge.partly, cache_size=2)  # least recently used out first
+    assert small(claims, doc) == first and len(small._cache) == 2
+
+
 def test_calibrated_judge_orders_same_partly_unsupported(setup) -> None:
     _, _, _, judge, medians = setup
     assert medians["same"] > medians["partly"] > medians["none"]
