@@ -61,6 +61,8 @@ def _fbeta(s: Any, beta: float = BETA) -> float:
 
 
 def measure(folds: list[int], names: list[str], overrides: list[str]) -> dict[str, Any]:
+    from threadpoolctl import threadpool_limits
+
     from ctrlgen.config import PhysionetCorpusConfig, load_config
     from ctrlgen.corpora import load_corpus
     from ctrlgen.extract.crossval import _fold_jobs, train_cached
@@ -95,18 +97,19 @@ def measure(folds: list[int], names: list[str], overrides: list[str]) -> dict[st
                                     "model": Path(model).name, "by": {}, "notes_per_s": {}}  # fmt: skip
             for engine, ecfg in (("NER alone", _ner_alone(ex)), ("NER + rules", ex)):
                 ext = PresidioExtractor(ecfg.model_copy(update={"ner_model": model}), spacy_model, "direct+quasi")
-                ext(gold[:8])  # warm: models loaded, first calls made
-                t1 = time.perf_counter()
-                pred = ext(gold)
-                secs = time.perf_counter() - t1
+                # one core, as a Ray actor of 1 CPU runs it (Ray sets its OMP_NUM_THREADS to 1): numpy's OpenBLAS,
+                # which runs the NER's matrix products, would otherwise take every core
+                with threadpool_limits(1):
+                    ext(gold[:8])  # warm: models loaded, first calls made
+                    t1 = time.perf_counter()
+                    pred = ext(gold)
+                    secs = time.perf_counter() - t1
                 fold["by"][engine] = _scores(gold, pred)
                 fold["notes_per_s"][engine] = round(len(gold) / secs, 1)
                 print(f"[ner_spacy] {name}, fold {f}, {engine}: {len(gold) / secs:.1f} notes/s", file=sys.stderr,
                       flush=True)  # fmt: skip
             per_fold.append(fold)
         result[name] = per_fold
-    import os
-
     args = [*(["--folds", ",".join(map(str, folds))] if folds != [CHOOSE_ON] else []), *overrides]
     return {
         **provenance("ner_spacy.py", args),
@@ -116,7 +119,7 @@ def measure(folds: list[int], names: list[str], overrides: list[str]) -> dict[st
         "variants": {name: {"overrides": VARIANTS[name], "folds": result[name]} for name in names},
         "train_seconds": round(train_s, 1),
         "cpu": _cpu(),
-        "threads": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
+        "blas_threads": 1,
     }
 
 
@@ -183,8 +186,8 @@ def report(r: dict[str, Any]) -> str:
         f"patients (the fold models of `ctrlgen extract-report`) and scored on the held-out fold's notes: the NER alone "
         f"(no hand-written recognizer, veto or mention propagation) and the engine with the configured rules, frozen "
         f"(digest `{r['rules_digest']}`, no in-fold selection). Speed: the held-out notes per second of extraction in "
-        f"this process on one core ({r['cpu']}), models loaded; each table's rows ran in one run, the tables in "
-        f"different runs (the fold-1 run shared the machine with other work: compare speeds within a table).",
+        f"this process on one core ({r['cpu']}; numpy's OpenBLAS on one thread), models loaded; each table's rows ran in one run, the tables in "
+        f"different runs (compare speeds within a table).",
         "",
     ]
     if chosen is not None:
