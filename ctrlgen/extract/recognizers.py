@@ -28,9 +28,16 @@ __all__ = [
 
 @dataclass(frozen=True)
 class _P:
+    """A pattern: its name, regex and score. ``needs``, when given, is a cheap regex that every text the
+    pattern matches in also matches somewhere (a literal part the pattern cannot match without, e.g. the
+    words of its look-behind): a text without it skips the pattern, with the same results (a speed-up only:
+    the pattern's own regex decides every match; tests/unit/test_recognizer_gates.py checks each is implied).
+    """
+
     name: str
     regex: str
     score: float
+    needs: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,14 +67,21 @@ MEDICAL_ID = RecognizerSpec(
             "mrn",
             r"(?<=\b(?:mrn|mr#|mr #|unit no|unit #|record #|record no|acct|acct #|id)[:.# ]{1,2})[A-Z]{0,3}\d{4,12}\b",
             0.9,
+            needs=r"\b(?:mrn|mr ?#|unit (?:no|#)|record (?:#|no)|acct|id)[:.# ]",
         ),
-        _P("medical record number", r"(?<=\bmedical record number[: ])\s*\d{4,12}\b", 0.9),
+        _P(
+            "medical record number",
+            r"(?<=\bmedical record number[: ])\s*\d{4,12}\b",
+            0.9,
+            needs=r"\bmedical record number[: ]",
+        ),
         _P("ssn", r"\b\d{3}-\d{2}-\d{4}\b", 0.7),
         _P(
             "serial / license / policy number",
             r"(?<=\b(?:serial|license|licence|insurance policy|policy (?:no\.?|number)|member|subscriber|certificate|plate)(?: no\.?| number| #|#)?[:.# ]{1,2})"
             r"(?=[A-Z-]*\d)[A-Z0-9][A-Z0-9-]{3,19}\b",
             0.8,
+            needs=r"\b(?:serial|licen[cs]e|insurance policy|policy (?:no|number)|member|subscriber|certificate|plate)",
         ),
     ),
 )
@@ -153,7 +167,7 @@ DATE = RecognizerSpec(
             r"(?<!\b(?:ps|psv|peep|cpap|bipap|bp|vent|pap|pa)\s{0,3})(?<![\d.%/'])\b(?:1[0-2]|0?[1-9])/(?:3[2-9]|[4-9]\d)\b(?![/.]\d|\s*%)",
             0.6,
         ),
-        _P("on the Nth", r"(?<=\bon the )(?:3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)\b", 0.6),
+        _P("on the Nth", r"(?<=\bon the )(?:3[01]|[12]\d|0?[1-9])(?:st|nd|rd|th)\b", 0.6, needs=r"\bon the "),
         # past history: "CABG 81", "MI '92", "s/p AVR 8/88" (the year of a procedure or event)
         _P(
             "procedure 'yy",
@@ -201,6 +215,7 @@ NAME_FIELD = RecognizerSpec(
             r"nok|next of kin|emergency contact|guardian|health care proxy|hcp)[ \t]?:[ \t]{0,3}(?:dr\.?[ \t])?)"
             rf"{_FIELD_WORD}(?:,?[ \t]{_FIELD_WORD}){{0,2}}(?:[ \t](?-i:[A-Z])\b\.?)?",
             0.7,
+            needs=r"\b(?:name|patient|pt name|patient name|attending|resident|referring (?:md|physician|provider)|pcp|primary care(?: physician| provider)?|provider|physician|surgeon|dictated by|signed by|cc|author|nok|next of kin|emergency contact|guardian|health care proxy|hcp)[ \t]?:",
         ),
     ),
 )
@@ -240,6 +255,7 @@ CLINICAL_FACILITY = RecognizerSpec(
             # "Calvert Hospital" in mixed case only: in upper-case notes "LEAVE HOSPITAL" reads the same
             r"|\b(?-i:[A-Z][a-z'\-]+)(?: (?-i:[A-Z][a-z'\-]+))? (?:hospital|hosp)\b",
             0.7,
+            needs=r" (?:regional|memorial|campus|med(?:ical)? c(?:enter|tr)|hosp)",
         ),
         _P("university of", r"\b(?:university|univ\.?|u\.?) ?of ?(?-i:[A-Z][A-Za-z]+)\b", 0.7),
         _P(
@@ -249,6 +265,7 @@ CLINICAL_FACILITY = RecognizerSpec(
             r"|medical group|nursing home|rehab(?:ilitation)? center|health center|(?-i:Inc|LLC|Corp|Co)\b\.?"
             r"|(?-i:Company|Corporation))\b",
             0.7,
+            needs=r" (?:(?:family |internal medicine )?practice|associates|medical group|nursing home|rehab|health center|(?-i:Inc|LLC|Corp|Co)\b|(?-i:Company|Corporation))",
         ),
         _P(
             "street address",
@@ -259,6 +276,7 @@ CLINICAL_FACILITY = RecognizerSpec(
             "lives in / moved from",
             r"(?<=\b(?:lives|living|resides|resident|moved|moving|relocated|home) (?:in|at|to|from|near) )(?:(?-i:[A-Z][A-Za-z'\-]+|[A-Z]{2})(?: (?-i:[A-Z][A-Za-z'\-]+))?)\b",
             0.6,
+            needs=r"\b(?:lives|living|resides|resident|moved|moving|relocated|home) (?:in|at|to|from|near) ",
         ),
         _P("veterans hospital", r"\b(?:vamc|va medical center|va hospital|vah)\b", 0.8),
         _P(
@@ -301,15 +319,43 @@ PATTERN_RECOGNIZERS: dict[str, RecognizerSpec] = {
 }
 
 
-def build_pattern_recognizer(spec: RecognizerSpec) -> Any:
-    """A Presidio ``PatternRecognizer`` from a spec (case-insensitive patterns)."""
+class _GatedRegex:
+    """A compiled pattern that first looks for its ``needs`` regex: a text without it has no match, so
+    ``finditer`` returns no match without running the pattern (most notes: the pattern's look-behinds and
+    leading word classes are tried at every position, its gate's literal words are not)."""
+
+    __slots__ = ("full", "gate")
+
+    def __init__(self, full: Any, gate: Any) -> None:
+        self.full, self.gate = full, gate
+
+    def finditer(self, text: str, *args: Any, **kwargs: Any) -> Any:
+        if self.gate.search(text, timeout=kwargs.get("timeout")) is None:
+            return iter(())
+        return self.full.finditer(text, *args, **kwargs)
+
+
+def build_pattern_recognizer(spec: RecognizerSpec, gates: bool = True) -> Any:
+    """A Presidio ``PatternRecognizer`` from a spec (case-insensitive patterns).
+
+    With ``gates``, a pattern that has ``needs`` is compiled once here as a :class:`_GatedRegex` with the
+    recognizer's flags (Presidio keeps a pattern's compiled regex and recompiles it, without the gate, only
+    when called with other flags). The same results either way; ``gates=False`` is for checking that.
+    """
+    import regex
     from presidio_analyzer import Pattern, PatternRecognizer
 
-    return PatternRecognizer(
-        supported_entity=spec.entity,
-        name=spec.name,
-        patterns=[Pattern(p.name, p.regex, p.score) for p in spec.patterns],
-    )
+    patterns = [Pattern(p.name, p.regex, p.score) for p in spec.patterns]
+    rec = PatternRecognizer(supported_entity=spec.entity, name=spec.name, patterns=patterns)
+    if gates:
+        flags = rec.global_regex_flags
+        for pat, p in zip(patterns, spec.patterns, strict=True):
+            if p.needs:
+                pat.compiled_regex = _GatedRegex(
+                    regex.compile(p.regex, flags=flags), regex.compile(p.needs, flags=flags)
+                )
+                pat.compiled_with_flags = flags
+    return rec
 
 
 def _placeholder_recognizer_class() -> Any:
