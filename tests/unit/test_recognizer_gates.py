@@ -5,7 +5,6 @@ import pytest
 import regex
 
 from ctrlgen.extract.recognizers import PATTERN_RECOGNIZERS, _GatedRegex, build_pattern_recognizer
-from tests.unit.test_recognizers import CASES
 
 FLAGS = regex.DOTALL | regex.MULTILINE | regex.IGNORECASE  # Presidio's PatternRecognizer defaults
 
@@ -30,8 +29,16 @@ POSITIVE = {
     ],
     "lives in / moved from": ["she lives in Quincy with her husband", "recently moved from NH"],
 }
-OTHER = [text for _, text, _ in CASES] + [
+OTHER = [  # texts the gated patterns must leave alone, and notes of other layouts
     "Pt comfortable, no events overnight. Plan: continue current management.",
+    "MRN: 00123456 admitted; SSN 123-45-6789 on file; given 40 mg IV",
+    "policy of the unit; serial CXRs; per hospital policy #rg17; insurance policy # XQ88412; policy number 5512",
+    "Name: SMITH, JOHN A.   Attending: Baker, Thomas\nPCP: Dr. Alan Ng",
+    "Patient: Pt is comfortable. Name: unknown; Attending: aware",
+    "TRANSFER FROM CALVERT HOSPITAL FOR CATH; LEAVE HOSPITAL TOMORROW",
+    "Lives with wife in Quincy; home to rehab; moved in with daughter",
+    "on the floor since the 3rd; cath on 10/4, extubated 9/2/92",
+    "REGIONAL ANESTHESIA; regional wall motion abnormality; Memorial Day; the main campus",
     "MEMORIAL DAY; member of the team; plate 4; policy of the unit; id like",
     "",
 ]
