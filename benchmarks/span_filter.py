@@ -25,6 +25,10 @@ rewrites the section from the JSON alone. No span text is written (features are 
 
     .venv/bin/python benchmarks/span_filter.py            # ~3-4 min on 2 cores with the fold models cached
     .venv/bin/python benchmarks/span_filter.py --render
+    # the transformer engine (its own section and JSON), decoded at several bars on P(O), outer fold 1 only
+    # (4 transformer trainings, ~1 h on 2 cores, unless cached):
+    .venv/bin/python benchmarks/span_filter.py --config configs/extract_physionet_transformer.yaml --folds 1 \
+        --ner-bars argmax,0.5,0.8,0.9,0.95,0.99
 """
 
 from __future__ import annotations
