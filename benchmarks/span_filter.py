@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 from _report import publish  # noqa: E402
-from ner_threshold import PHYSIONET, _pct, _pr, _sum, provenance  # noqa: E402
+from ner_threshold import PHYSIONET, _bar_name, _pct, _pr, _sum, provenance  # noqa: E402
 
 CONFIG = "configs/extract_physionet_ner.yaml"
 JSON = ROOT / "docs" / "benchmarks" / "span_filter.json"
@@ -212,10 +212,6 @@ def _counts(gold: Sequence[Any], pred: Sequence[Any]) -> dict[str, Any]:
     return out
 
 
-def _bar_name(bar: float | None) -> str:
-    return "argmax" if bar is None else f"{bar:g}"
-
-
 def _decoding(parts: Sequence[Spans], test: Spans, held: Sequence[Any], beta: float, label: str) -> dict[str, Any]:
     """One engine's output (training spans ``parts`` of the inner folds, held-out spans ``test``) filtered by each
     classifier at the bar chosen on ``parts`` by cross-fitting; the counts for the JSON."""
@@ -354,6 +350,17 @@ def _found(parts: Sequence[dict[str, Any]], t: str) -> str:
     return f"{a} ({100 * a / g:.1f}%)" if g else "-"
 
 
+def _filter_cells(engine: dict[str, Any], by: dict[str, Any], beta: float | None = None) -> str:
+    """A per-fold row's last cells: the filter's bar, recall / precision on the training notes (cross-fitted, bar 0
+    -> the bar; with ``beta``, their F-beta too) and on the held-out notes (engine -> engine + filter)."""
+    e, q = _pr(_sum([{"ALL": engine["ALL"]}])["ALL"]), _pr(_sum([{"ALL": by["filtered"]["ALL"]}])["ALL"])
+    c0 = next(c for c in by["curve"] if c["bar"] == 0.0)
+    cb = next(c for c in by["curve"] if c["bar"] == by["bar"])
+    f = "" if beta is None else f" (F{beta:g} {c0['f_beta']:.3f} -> {cb['f_beta']:.3f})"
+    return (f"{by['bar']:g} | {_pct(c0['recall'])} / {_pct(c0['precision'])} -> {_pct(cb['recall'])} / "
+            f"{_pct(cb['precision'])}{f} | {_pct(e[0])} / {_pct(e[1])} -> {_pct(q[0])} / {_pct(q[1])}")  # fmt: skip
+
+
 def report(r: dict[str, Any]) -> str:
     k, folds = len(r["folds"]), r["folds"]
     names = list(folds[0]["by"])
@@ -369,16 +376,9 @@ def report(r: dict[str, Any]) -> str:
         trows.append(f"| {t[5:]} | {g} | {' | '.join(cells)} |")
     frows = []
     for i, f in enumerate(folds):
-        e = _pr(_sum([{"ALL": f["engine"]["ALL"]}])["ALL"])
-        i = f.get("fold", i + 1) - 1
         for n in names:
-            b = f["by"][n]
-            q = _pr(_sum([{"ALL": b["filtered"]["ALL"]}])["ALL"])
-            c0 = next(c for c in b["curve"] if c["bar"] == 0.0)
-            cb = next(c for c in b["curve"] if c["bar"] == b["bar"])
-            frows.append(f"| {i + 1} | {n} | {f['training_notes']} | {f['training_spans']} | {b['bar']:g} | "
-                         f"{_pct(c0['recall'])} / {_pct(c0['precision'])} -> {_pct(cb['recall'])} / {_pct(cb['precision'])} | "
-                         f"{_pct(e[0])} / {_pct(e[1])} -> {_pct(q[0])} / {_pct(q[1])} |")  # fmt: skip
+            frows.append(f"| {f.get('fold', i + 1)} | {n} | {f['training_notes']} | {f['training_spans']} | "
+                         f"{_filter_cells(f['engine'], f['by'][n])} |")  # fmt: skip
     return "\n".join([
         f"Command: `{r['command']}` (`--render` rewrites this section from docs/benchmarks/span_filter.json). "
         f"The engine of `{r['config']}` (rules frozen, digest `{r['rules_digest']}`) on its {k} patient folds, the fold "
@@ -460,16 +460,9 @@ def report_decodings(r: dict[str, Any]) -> str:
     for f in folds:
         for b in bars:
             dec = f["decodings"][b]
-            e = _pr(_sum([{"ALL": dec["engine"]["ALL"]}])["ALL"])
             for n in names:
-                x = dec["by"][n]
-                q = _pr(_sum([{"ALL": x["filtered"]["ALL"]}])["ALL"])
-                c0 = next(c for c in x["curve"] if c["bar"] == 0.0)
-                cb = next(c for c in x["curve"] if c["bar"] == x["bar"])
-                frows.append(f"| {f['fold']} | {b} | {n} | {dec['training_spans']} | {x['bar']:g} | "
-                             f"{_pct(c0['recall'])} / {_pct(c0['precision'])} -> {_pct(cb['recall'])} / {_pct(cb['precision'])} "
-                             f"(F{r['beta']:g} {c0['f_beta']:.3f} -> {cb['f_beta']:.3f}) | "
-                             f"{_pct(e[0])} / {_pct(e[1])} -> {_pct(q[0])} / {_pct(q[1])} |")  # fmt: skip
+                frows.append(f"| {f['fold']} | {b} | {n} | {dec['training_spans']} | "
+                             f"{_filter_cells(dec['engine'], dec['by'][n], r['beta'])} |")  # fmt: skip
     scope = "every fold" if len(folds) == r["k"] else f"fold {which} of {r['k']} only"
     return "\n".join([
         f"Command: `{r['command']}` (`--render --config {r['config']}` rewrites this section from "
@@ -480,7 +473,7 @@ def report_decodings(r: dict[str, Any]) -> str:
         f"per outer patient fold, the filter is fit on the fold's training notes as the 3 inner folds' taggers extract "
         f"them and its bar chosen there by cross-fitting (best F-beta, beta {r['beta']:g}); in the rows \"chosen "
         f"in-fold\" the NER bar is chosen the same way, on the training notes. **Run on {scope}** "
-        f"({sum(f['notes'] for f in folds)} held-out notes){'' if len(folds) == r['k'] else ': a pilot, not a cross-validated figure (a fold needs 4 transformer trainings, about an hour on 2 cores)'}. No held-out note trains or chooses "
+        f"({sum(f['notes'] for f in folds)} held-out notes){'' if len(folds) == r['k'] else ': a pilot, not a cross-validated figure (a fold needs 4 transformer trainings)'}. No held-out note trains or chooses "
         f"anything; the NER bars listed were fixed before the run (the sweep of the section on the bar above).",
         "",
         "Held-out notes (targets, issue 41: recall >= 98.5%, precision >= 85%):",
