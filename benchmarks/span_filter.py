@@ -503,6 +503,13 @@ def report_decodings(r: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
+def _kind(config: str, overrides: Sequence[str]) -> str:
+    """The config's NER kind (``extraction.ner_training.kind``): which section and JSON a run writes."""
+    from ctrlgen.config import load_config
+
+    return load_config(str(ROOT / config), list(overrides)).extraction.ner_training.kind
+
+
 def _bars(arg: str) -> list[float | None]:
     return [None if b == "argmax" else float(b) for b in arg.split(",")]
 
@@ -525,9 +532,12 @@ def main() -> None:
     )
     ap.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = ap.parse_args()
-    transformer = args.config == CONFIG_T
+    transformer = _kind(args.config, args.overrides) == "transformer"
     if bool(args.ner_bars) != transformer and not args.render:
-        raise SystemExit(f"--ner-bars goes with --config {CONFIG_T} (and it with them)")
+        raise SystemExit(
+            f"{args.config}: --ner-bars goes with a config whose extraction.ner_training.kind is transformer "
+            f"(such as {CONFIG_T}), and such a config with --ner-bars"
+        )
     folds = [int(f) for f in args.folds.split(",")] if args.folds else None
     measured = (
         None
