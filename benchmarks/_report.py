@@ -22,6 +22,7 @@ ORDER: list[tuple[str, list[str]]] = [
                     "Entity extraction: the clinical NER's weights across CPUs",
                     "Entity extraction: a learned span filter after the engine",
                     "Entity extraction: a learned span filter after the transformer engine",
+                    "Entity extraction: the transformer span filter, inner taggers trained for the outer tagger's steps",
                     "Entity extraction: the spaCy NER's capacity and training",
                     "spaCy release and NER speed"]),
     ("Prefix training", ["Prefix tuning: masked vs plain, 1 vs 2 Ray Train workers",

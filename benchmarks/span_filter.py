@@ -56,6 +56,8 @@ TITLE = "Entity extraction: a learned span filter after the engine"
 CONFIG_T = "configs/extract_physionet_transformer.yaml"
 JSON_T = ROOT / "docs" / "benchmarks" / "span_filter_transformer.json"
 TITLE_T = "Entity extraction: a learned span filter after the transformer engine"
+JSON_S = ROOT / "docs" / "benchmarks" / "span_filter_transformer_steps.json"
+TITLE_S = "Entity extraction: the transformer span filter, inner taggers trained for the outer tagger's steps"
 BARS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)
 C = 0.5  # the logistic regression's inverse L2 strength (fixed before any run)
 CLASSIFIERS = ("logistic regression", "gradient-boosted trees")
@@ -246,14 +248,17 @@ def measure(
     limit: int | None = None,
     folds: Sequence[int] | None = None,
     ner_bars: Sequence[float | None] | None = None,
+    inner_steps: bool = False,
 ) -> dict[str, Any]:
     """``folds``: the outer folds to run (1-based; None: all). ``ner_bars``: for a transformer NER, the bars on P(O)
-    its engine decodes at (None: argmax), each note tagged once per model; None keeps the config's one decoding."""
+    its engine decodes at (None: argmax), each note tagged once per model; None keeps the config's one decoding.
+    ``inner_steps``: the inner NERs train for as many optimizer steps as their outer NER (the configured epochs
+    times the outer training notes over their own, rounded; other cache keys, so other models)."""
     from ner_threshold import _cached
 
     from ctrlgen.config import PhysionetCorpusConfig, load_config
     from ctrlgen.corpora import load_corpus
-    from ctrlgen.extract.crossval import _fold_jobs, train_cached
+    from ctrlgen.extract.crossval import _fold_jobs, ner_model_dir, train_cached
     from ctrlgen.extract.presidio import PresidioExtractor
     from ctrlgen.extract.report import NER_CACHE, rules_digest
 
@@ -280,6 +285,18 @@ def measure(
         )
         for i in picked
     }
+    inner_epochs: dict[str, list[int]] = {}
+    if inner_steps:  # each inner tagger takes as many optimizer steps as its outer one: epochs x its notes' shortfall
+        for i in picked:
+            n_outer = len(outer[i][0].docs)
+            scaled = []
+            for job, fold_patients, scored in inner[i]:
+                e = max(1, round(how.epochs * n_outer / len(job.docs)))
+                h = how.model_copy(update={"epochs": e})
+                out = ner_model_dir(cache, job.docs, h, spacy_model, job.out.name.rsplit("-", 1)[0])
+                scaled.append((dataclasses.replace(job, how=h, out=out), fold_patients, scored))
+            inner[i] = scaled
+            inner_epochs[str(i + 1)] = [job.how.epochs for job, _, _ in scaled]
     t0 = time.perf_counter()
     train_cached([outer[i][0] for i in picked] + [j for i in picked for j, _, _ in inner[i]], how.workers)
     train_s = time.perf_counter() - t0
@@ -321,6 +338,8 @@ def measure(
         args += ["--folds", ",".join(str(f) for f in folds)]
     if ner_bars is not None:
         args += ["--ner-bars", ",".join(_bar_name(b) for b in ner_bars)]
+    if inner_steps:
+        args.append("--inner-steps")
     return {
         **provenance("span_filter.py", [*args, *overrides]),
         "config": config,
@@ -331,6 +350,7 @@ def measure(
         "models": [outer[i][0].out.name for i in picked],
         "train_seconds": round(train_s, 1),
         **({"ner_bars": [_bar_name(b) for b in ner_bars]} if ner_bars is not None else {}),
+        **({"epochs": how.epochs, "inner_epochs": inner_epochs} if inner_steps else {}),
         "folds": out_folds,
     }
 
@@ -464,9 +484,20 @@ def report_decodings(r: dict[str, Any]) -> str:
                 frows.append(f"| {f['fold']} | {b} | {n} | {dec['training_spans']} | "
                              f"{_filter_cells(dec['engine'], dec['by'][n], r['beta'])} |")  # fmt: skip
     scope = "every fold" if len(folds) == r["k"] else f"fold {which} of {r['k']} only"
+    steps = "inner_epochs" in r
+    inner = (
+        f" **The inner taggers trained for as many optimizer steps as the outer one** (`--inner-steps`, fixed before "
+        f"the run: the configured {r['epochs']} epochs times the outer tagger's training notes over the inner "
+        f"tagger's, rounded; "
+        + "; ".join(f"fold {f}: {', '.join(map(str, e))} epochs" for f, e in r["inner_epochs"].items())
+        + "): the section above trained them for the configured epochs, i.e. about two thirds of the outer "
+        "tagger's steps. Everything else as there."
+        if steps
+        else ""
+    )
     return "\n".join([
-        f"Command: `{r['command']}` (`--render --config {r['config']}` rewrites this section from "
-        f"docs/benchmarks/{JSON_T.name}). The engine of `{r['config']}` (the MiniLM tagger, then the frozen rules, "
+        f"Command: `{r['command']}` (`--render --config {r['config']}{' --inner-steps' if steps else ''}` rewrites "
+        f"this section from docs/benchmarks/{(JSON_S if steps else JSON_T).name}). The engine of `{r['config']}` (the MiniLM tagger, then the frozen rules, "
         f"digest `{r['rules_digest']}`), decoded at each bar on P(O) (a word piece with P(O) below the bar takes its "
         f"most probable entity tag; `argmax`: its most probable tag), then the span filter of the section above (the "
         f"same features, the tagger's span score among them, and the same two classifiers), with the same protocol: "
@@ -474,7 +505,7 @@ def report_decodings(r: dict[str, Any]) -> str:
         f"them and its bar chosen there by cross-fitting (best F-beta, beta {r['beta']:g}); in the rows \"chosen "
         f"in-fold\" the NER bar is chosen the same way, on the training notes. **Run on {scope}** "
         f"({sum(f['notes'] for f in folds)} held-out notes){'' if len(folds) == r['k'] else ': a pilot, not a cross-validated figure (a fold needs 4 transformer trainings)'}. No held-out note trains or chooses "
-        f"anything; the NER bars listed were fixed before the run (the sweep of the section on the bar above).",
+        f"anything; the NER bars listed were fixed before the run (the sweep of the section on the bar above)." + inner,
         "",
         "Held-out notes (targets, issue 41: recall >= 98.5%, precision >= 85%):",
         "",
@@ -530,6 +561,12 @@ def main() -> None:
         help="a transformer NER's bars on P(O), comma-separated, argmax for none; its own "
         f"section and JSON (docs/benchmarks/{JSON_T.name})",
     )
+    ap.add_argument(
+        "--inner-steps",
+        action="store_true",
+        help="with --ner-bars: the inner taggers train for as many optimizer steps as the outer one (other models; "
+        f"its own section and JSON, docs/benchmarks/{JSON_S.name})",
+    )
     ap.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = ap.parse_args()
     transformer = _kind(args.config, args.overrides) == "transformer"
@@ -538,13 +575,24 @@ def main() -> None:
             f"{args.config}: --ner-bars goes with a config whose extraction.ner_training.kind is transformer "
             f"(such as {CONFIG_T}), and such a config with --ner-bars"
         )
+    if args.inner_steps and not transformer:
+        raise SystemExit("--inner-steps goes with a transformer config (and --ner-bars)")
     folds = [int(f) for f in args.folds.split(",")] if args.folds else None
     measured = (
         None
         if args.render
-        else measure(args.config, args.overrides, args.limit, folds, _bars(args.ner_bars) if args.ner_bars else None)
+        else measure(
+            args.config,
+            args.overrides,
+            args.limit,
+            folds,
+            _bars(args.ner_bars) if args.ner_bars else None,
+            args.inner_steps,
+        )
     )
-    if transformer:
+    if args.inner_steps:
+        publish(TITLE_S, JSON_S, report_decodings, measured, smoke=bool(args.limit))
+    elif transformer:
         publish(TITLE_T, JSON_T, report_decodings, measured, smoke=bool(args.limit))
     else:
         publish(TITLE, JSON, report, measured, smoke=bool(args.limit))
