@@ -29,6 +29,10 @@ rewrites the section from the JSON alone. No span text is written (features are 
     # (4 transformer trainings, ~1 h on 2 cores, unless cached):
     .venv/bin/python benchmarks/span_filter.py --config configs/extract_physionet_transformer.yaml --folds 1 \
         --ner-bars argmax,0.5,0.8,0.9,0.95,0.99
+    # the same, its 3 inner taggers trained for as many optimizer steps as the outer one (6 epochs, not 4: other
+    # models, ~67 min on 2 cores; its own section and JSON)
+    .venv/bin/python benchmarks/span_filter.py --config configs/extract_physionet_transformer.yaml --folds 1 \
+        --ner-bars argmax,0.5,0.8,0.9,0.95,0.99 --inner-steps
 """
 
 from __future__ import annotations
@@ -490,8 +494,8 @@ def report_decodings(r: dict[str, Any]) -> str:
         f"the run: the configured {r['epochs']} epochs times the outer tagger's training notes over the inner "
         f"tagger's, rounded; "
         + "; ".join(f"fold {f}: {', '.join(map(str, e))} epochs" for f, e in r["inner_epochs"].items())
-        + "): the section above trained them for the configured epochs, i.e. about two thirds of the outer "
-        "tagger's steps. Everything else as there."
+        + "): the section above trained them for the configured epochs over their fewer notes, hence fewer steps "
+        "than the outer tagger. Everything else as there."
         if steps
         else ""
     )
