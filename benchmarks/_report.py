@@ -18,6 +18,7 @@ ORDER: list[tuple[str, list[str]]] = [
                    "Parquet reader: Ray Data V2 vs V1 on small reads", "MIMIC-scale rehearsal"]),
     ("Extraction", ["Entity extraction", "Entity extraction: the clinical-NER engine vs the deid tool",
                     "Entity extraction: the transformer NER's bar on P(O)",
+                    "Entity extraction: the transformer NER's training length",
                     "Entity extraction: word-shape features for the uncased transformer NER",
                     "Entity extraction: the clinical NER's weights across CPUs",
                     "Entity extraction: a learned span filter after the engine",
