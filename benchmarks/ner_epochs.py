@@ -101,7 +101,7 @@ def measure(
     print(f"[ner_epochs] chosen on fold {CHOOSE_ON + 1}: {chosen} epochs", file=sys.stderr, flush=True)
     rest = [i for i in picked if i != CHOOSE_ON]
     if rest:
-        for n in epochs if chosen is None else dict.fromkeys([conf, chosen]):
+        for n in epochs if chosen is None else dict.fromkeys([chosen, conf]):  # the chosen length's models first
             run(n, rest)
     sp = spacy_engine(spacy_config, docs, picked, k)
     held = {f["fold"]: f.pop("patients") for f in sp["folds"]}
