@@ -12,7 +12,10 @@ thinc's numpy ops without BLIS (``ctrlgen.extract.ner.NUMERICS``), numpy's AVX-5
 2. trains a reduced NER (the first ``--notes`` notes, ``--epochs`` epochs, the config's architecture) in fresh
    processes started with the pinned environment, twice on BLIS (the training before this change) and twice on
    the numpy ops, interleaved: each path's SHA-256 (deterministic on one machine?) and time;
-3. trains the configured NER as `make setup` does (``ctrlgen train-ner``, into a temporary directory): its SHA-256.
+3. trains the configured NER as `make setup` does (``ctrlgen train-ner``, into a temporary directory): its SHA-256;
+4. with ``--cv``, what a CPU's model costs in quality: the configured engine (the NER and the rules, frozen) by
+   patient-level CV, its 5 fold NERs trained on this CPU in the pinned environment into a temporary directory (never
+   another CPU's cached models), pooled recall and precision beside each CPU's hash (~10 min more on 2 cores).
 
 docs/benchmarks/ner_kernels.json keeps one entry per CPU (a run on another CPU adds its own): **two CPUs whose
 configured-NER hashes are equal train the same model.** The section also lists the hashes that `make setup`
@@ -20,6 +23,7 @@ printed in the kept CI logs (docs/benchmarks/suite/), before this change and aft
 whether its weights are the ones recorded here).
 
     .venv/bin/python benchmarks/ner_kernels.py            # ~10 min on this project's 2-core machines
+    .venv/bin/python benchmarks/ner_kernels.py --cv       # also the configured engine's CV on this CPU's fold NERs
     .venv/bin/python benchmarks/ner_kernels.py --setup-log LOG  # also keep a pre-change `make setup` log's hash
     .venv/bin/python benchmarks/ner_kernels.py --render
 """
@@ -157,6 +161,37 @@ def measure(notes: int, epochs: int, repeats: int) -> dict[str, Any]:
     }
 
 
+def cross_validated() -> dict[str, Any]:
+    """The configured engine by patient-level CV with fold NERs trained on this CPU (the rules frozen: the engine as
+    configured, no in-fold selection), pooled over the folds' held-out notes."""
+    from ner_threshold import PHYSIONET, _scores, _sum
+
+    from ctrlgen.config import PhysionetCorpusConfig, load_config
+    from ctrlgen.corpora import load_corpus
+    from ctrlgen.extract.crossval import _fold_jobs, train_cached
+    from ctrlgen.extract.presidio import PresidioExtractor
+
+    cfg = load_config(str(ROOT / CONFIG))
+    ex = cfg.extraction.model_copy(update={"setting": "unknown"})
+    ex = ex.model_copy(update={"rule_tuning": ex.rule_tuning.model_copy(update={"enabled": False})})
+    docs = load_corpus(PhysionetCorpusConfig(path=str(PHYSIONET), identifiers="direct+quasi"))[0]
+    k = ex.ner_training.folds
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:  # this CPU's fold models only (the cache keys name no CPU)
+        outer = _fold_jobs(docs, k, ex, Path(tmp), cfg.nlp.spacy_model, "physionet-deid")
+        models = train_cached([job for job, _, _ in outer], ex.ner_training.workers)
+        trained = time.perf_counter() - t0
+        folds = []
+        for (_, _, gold), model in zip(outer, models, strict=True):
+            ext = PresidioExtractor(ex.model_copy(update={"ner_model": model}), cfg.nlp.spacy_model, "direct+quasi")
+            meta = json.loads((Path(model) / "ctrlgen_ner.json").read_text())
+            folds.append({"sha256": meta["weights_sha256"], "by": _scores(gold, ext(gold))})
+            print(f"[ner_kernels] CV fold {len(folds)}/{k} scored", file=sys.stderr, flush=True)
+    pooled = _sum([f["by"] for f in folds])["ALL"]
+    return {"folds": folds, "recall": pooled.recall, "precision": pooled.precision, "found": pooled.detected,
+            "gold": pooled.gold, "predicted": pooled.predicted, "train_minutes": round(trained / 60, 1)}  # fmt: skip
+
+
 def report(r: dict[str, Any]) -> str:
     machines = r["machines"]
     lines = [
@@ -173,6 +208,27 @@ def report(r: dict[str, Any]) -> str:
         lines.append(f"| {c['key']} ({c['name']}, {c['cores']} cores) | {'yes' if c['avx512'] else 'no'} | "
                      f"{c['blis']} | `{m['configured']['sha256'][:16]}` | {m['configured']['seconds']:.0f} | "
                      f"{m['commit']} | {m['date']} |")  # fmt: skip
+    with_cv = [m for m in machines.values() if m.get("cv")]
+    if with_cv:
+        lines += [
+            "",
+            "What a CPU's model costs in quality (`--cv`): the configured engine (its NER and the rules, frozen: no "
+            "in-fold selection) by patient-level CV, the 5 fold NERs trained on that CPU in the pinned environment; "
+            "pooled over all 1,818 notes. The spread between rows is the spread between set-ups on those CPUs.",
+            "",
+            "| CPU | fold NERs sha256 (folds 1-5) | recall % | precision % | found / gold | predicted |",
+            "|---|---|---|---|---|---|",
+        ]
+        for m in with_cv:
+            c = m["cv"]
+            hashes = ", ".join(f"`{f['sha256'][:8]}`" for f in c["folds"])
+            lines.append(f"| {m['cpu']['key']} | {hashes} | {100 * c['recall']:.1f} | {100 * c['precision']:.1f} | "
+                         f"{c['found']} / {c['gold']} | {c['predicted']} |")  # fmt: skip
+        if len(with_cv) > 1:
+            rec = [100 * m["cv"]["recall"] for m in with_cv]
+            pre = [100 * m["cv"]["precision"] for m in with_cv]
+            lines += ["", f"Range over these CPUs: recall {min(rec):.1f}-{max(rec):.1f}%, precision "
+                          f"{min(pre):.1f}-{max(pre):.1f}%."]  # fmt: skip
     runs = [f"{m['cpu']['key']}: `{m['command']}`" for m in machines.values() if m.get("command")]
     if runs:
         lines += ["", "Each CPU's run: " + "; ".join(runs) + "."]
@@ -220,6 +276,7 @@ def main() -> None:
         help="a `make setup` log of this machine from before this change: "
         "the configured NER's hash it printed is kept with this CPU's entry",
     )
+    ap.add_argument("--cv", action="store_true", help="also the configured engine's patient-level CV on this CPU")
     ap.add_argument("--render", action="store_true", help="rewrite the section from the saved JSON")
     args = ap.parse_args()
     if args.render:
@@ -227,6 +284,8 @@ def main() -> None:
         return
     r = json.loads(JSON.read_text()) if JSON.is_file() else {"machines": {}}
     m = measure(args.notes, args.epochs, args.repeats)
+    if args.cv:
+        m["cv"] = cross_validated()
     if args.setup_log:
         found = WEIGHTS.findall(args.setup_log.read_text(errors="replace"))
         m["setup_before"] = found[-1] if found else None
@@ -236,6 +295,7 @@ def main() -> None:
     r["date"] = m["date"]
     r.pop("suite_hashes", None)  # the JSON of an earlier run: the suite's hashes are read from the kept logs
     publish(TITLE, JSON, report, r)
+
 
 if __name__ == "__main__":
     main()
