@@ -433,11 +433,14 @@ already pinned. `ctrlgen train-ner`, and this report for its fold models, theref
 thinc's numpy ops without BLIS (the products on numpy's OpenBLAS), OpenBLAS pinned to Haswell on one thread (its
 products split over two threads give other weights than on one: another core count, another model) and numpy's
 AVX-512 loops off (`OPENBLAS_CORETYPE`, `OPENBLAS_NUM_THREADS`, `NPY_DISABLE_CPU_FEATURES`) on every x86-64 CPU
-with AVX2: the same kernels on every such CPU (for a spaCy NER; a transformer tagger's torch kernels are not
-pinned). benchmarks/ner_kernels.py records each CPU's hash of the configured NER in docs/benchmarks.md; equal
-hashes mean the same model, and until CPUs of both vendors are listed there identical weights across CPU models
-are a design, not a measured fact. The figures below are one set-up's (the model of this run); the two set-ups
-above differed by 0.8 (recall) and 1.2 (precision) points.
+with AVX2 (for a spaCy NER; a transformer tagger's torch kernels are not pinned). **That is not enough: measured,
+CPUs of two vendors still train different weights.** benchmarks/ner_kernels.py records each CPU's hash of the
+configured NER in docs/benchmarks.md: an AMD Zen 3 (no AVX-512) and an Intel Xeon with AVX-512 printed different
+hashes with all three settings in force, each CPU's hash the same on every training there. A set-up is therefore
+reproducible on one CPU model, not across CPU models; what the difference costs is measured there
+(`ner_kernels.py --cv`: the configured engine's patient-level CV with each CPU's own fold NERs, a row per CPU).
+The figures below are one set-up's (the model of this run); two set-ups of one commit
+differed by 0.8 (recall) and 1.2 (precision) points on the unseen notes above.
 
 """
 

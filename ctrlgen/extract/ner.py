@@ -215,8 +215,8 @@ def blas_kernels() -> list[dict[str, Any]]:
 
 
 def pinned_blas_env() -> dict[str, str]:
-    """The environment that makes a spaCy NER's training use the same floating-point kernels on every x86-64 CPU
-    with AVX2, read when numpy loads (so training runs in a fresh process started with it:
+    """The environment that pins the floating-point kernels a spaCy NER's training can pin on an x86-64 CPU with
+    AVX2, read when numpy loads (so training runs in a fresh process started with it:
     :func:`ctrlgen.extract.crossval.train_cached`):
 
     - ``OPENBLAS_CORETYPE=Haswell``: OpenBLAS (numpy's, which runs the matrix products: :data:`NUMERICS`) otherwise
@@ -230,7 +230,8 @@ def pinned_blas_env() -> dict[str, str]:
       not pinned.
 
     Empty elsewhere (another architecture, or a CPU without AVX2/FMA). Training is deterministic on one machine with
-    or without it (seeded; checked by tests/unit/test_clinical_ner.py)."""
+    or without it (seeded; checked by tests/unit/test_clinical_ner.py). Across CPU models it is not enough: an AMD
+    Zen 3 and an Intel AVX-512 CPU still train different weights with it (benchmarks/ner_kernels.py)."""
     import platform
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
