@@ -435,12 +435,13 @@ products split over two threads give other weights than on one: another core cou
 AVX-512 loops off (`OPENBLAS_CORETYPE`, `OPENBLAS_NUM_THREADS`, `NPY_DISABLE_CPU_FEATURES`) on every x86-64 CPU
 with AVX2 (for a spaCy NER; a transformer tagger's torch kernels are not pinned). **That is not enough: measured,
 CPUs of two vendors still train different weights.** benchmarks/ner_kernels.py records each CPU's hash of the
-configured NER in docs/benchmarks.md: an AMD Zen 3 (no AVX-512) and an Intel Xeon with AVX-512 printed different
-hashes with all three settings in force, each CPU's hash the same on every training there. A set-up is therefore
-reproducible on one CPU model, not across CPU models; what the difference costs is measured there
-(`ner_kernels.py --cv`: the configured engine's patient-level CV with each CPU's own fold NERs, a row per CPU).
-The figures below are one set-up's (the model of this run); two set-ups of one commit
-differed by 0.8 (recall) and 1.2 (precision) points on the unseen notes above.
+configured NER in docs/benchmarks.md: two AMD generations (Zen 3 without AVX-512, Zen 5 with it) trained the same
+weights, an Intel Xeon with AVX-512 other weights, all three settings in force and each CPU's hash the same on
+every training there. A set-up is therefore reproducible on the CPUs measured alike, not on every CPU, and the
+configured engine's figures are **a range over set-ups**: the same benchmark (`--cv`) cross-validates the engine
+by patient with each CPU's own fold NERs and renders the range over the CPUs it ran on. The figures below are
+one set-up's (the model of this run); two set-ups of one commit differed by 0.8 (recall) and 1.2 (precision)
+points on the unseen notes above.
 
 """
 

@@ -230,8 +230,8 @@ def pinned_blas_env() -> dict[str, str]:
       not pinned.
 
     Empty elsewhere (another architecture, or a CPU without AVX2/FMA). Training is deterministic on one machine with
-    or without it (seeded; checked by tests/unit/test_clinical_ner.py). Across CPU models it is not enough: an AMD
-    Zen 3 and an Intel AVX-512 CPU still train different weights with it (benchmarks/ner_kernels.py)."""
+    or without it (seeded; checked by tests/unit/test_clinical_ner.py). Across CPUs it is not enough: two AMD generations
+    train the same weights with it, an Intel AVX-512 CPU others (benchmarks/ner_kernels.py)."""
     import platform
 
     if platform.machine().lower() not in ("x86_64", "amd64"):

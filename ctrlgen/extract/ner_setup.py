@@ -88,8 +88,10 @@ def compare_to_recorded(key: str, sha256: str, recorded: Path = RECORDED) -> str
     if same:
         parts.append(f"the weights recorded on {', '.join(same)}")
     if other:
-        parts.append(f"NOT the weights recorded on {', '.join(other)} (the pinned kernels do not give every CPU "
-                     "model the same weights: docs/benchmarks.md)")
+        parts.append(
+            f"NOT the weights recorded on {', '.join(other)} (the pinned kernels do not give every CPU "
+            "model the same weights: docs/benchmarks.md)"
+        )
     return f"{' and '.join(parts)} ({recorded.name})" if parts else ""
 
 
