@@ -439,9 +439,9 @@ configured NER in docs/benchmarks.md: two AMD generations (Zen 3 without AVX-512
 weights, an Intel Xeon with AVX-512 other weights, all three settings in force and each CPU's hash the same on
 every training there. A set-up is therefore reproducible on the CPUs measured alike, not on every CPU, and the
 configured engine's figures are **a range over set-ups**: the same benchmark (`--cv`) cross-validates the engine
-by patient with each CPU's own fold NERs and renders the range over the CPUs it ran on. The figures below are
-one set-up's (the model of this run); two set-ups of one commit differed by 0.8 (recall) and 1.2 (precision)
-points on the unseen notes above.
+by patient with each CPU's own fold NERs, and the PhysioNet section below lists each CPU's figures and their
+range. The other figures below are one set-up's (the models of this run); two set-ups of one commit differed by
+0.8 (recall) and 1.2 (precision) points on the unseen notes above.
 
 """
 

@@ -18,7 +18,7 @@ from typing import Any
 from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import CtrlgenError
 
-__all__ = ["compare_to_recorded", "ensure_ner_model", "train_configured_ner"]
+__all__ = ["compare_to_recorded", "ensure_ner_model", "set_up_spread", "train_configured_ner"]
 
 
 def _log(msg: str) -> None:
@@ -119,3 +119,36 @@ def ensure_ner_model(cfg: CtrlgenConfig, log: Callable[[str], None] = _log) -> N
     log(f"extract: the clinical NER {ex.ner_model} is not trained yet: training it on the {data.format} corpus "
         f"{data.path} first (minutes; once)")  # fmt: skip
     log(train_configured_ner(cfg, data, ex.ner_model, provenance={"trained_on_first_use": True}))
+
+
+def set_up_spread(key: str, fold_hashes: list[str], recorded: Path = RECORDED) -> str:
+    """Markdown: the configured engine's patient-level CV on each CPU's own fold NERs, as benchmarks/ner_kernels.py
+    ``--cv`` recorded it for the training of cache ``key``, with the range over those CPUs and which CPU's fold
+    NERs ``fold_hashes`` (this run's) are; "" when no CPU's CV is recorded for that training."""
+    try:
+        machines = json.loads(recorded.read_text())["machines"]
+    except (OSError, ValueError, KeyError):
+        return ""
+    rows = {cpu: m["cv"] for cpu, m in machines.items()
+            if m.get("cv") and m.get("configured", {}).get("key") == key}  # fmt: skip
+    if not rows:
+        return ""
+    lines = ["| CPU | fold NERs sha256 | recall % | precision % | found / gold | predicted |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for cpu, c in rows.items():
+        hashes = ", ".join(f"`{f['sha256'][:8]}`" for f in c["folds"])
+        lines.append(f"| {cpu} | {hashes} | {100 * c['recall']:.1f} | {100 * c['precision']:.1f} | "
+                     f"{c['found']} / {c['gold']} | {c['predicted']} |")  # fmt: skip
+    same = [cpu for cpu, c in rows.items() if [f["sha256"] for f in c["folds"]] == fold_hashes]
+    rec = [100 * c["recall"] for c in rows.values()]
+    pre = [100 * c["precision"] for c in rows.values()]
+    return (
+        "\nThe configured engine over set-ups (the rules frozen: no in-fold selection), cross-validated by patient "
+        "with the fold NERs each CPU trains (benchmarks/ner_kernels.py `--cv`, recorded in "
+        f"docs/benchmarks/{recorded.name}): the pinned kernels do not give every CPU the same weights, so a set-up's "
+        "figures depend on the CPU that trained it.\n\n" + "\n".join(lines) + "\n\n"
+        f"**Range over set-ups on these {len(rows)} CPUs: recall {min(rec):.1f}-{max(rec):.1f}%, precision "
+        f"{min(pre):.1f}-{max(pre):.1f}%.** This run's fold NERs are "
+        + (f"those recorded on {', '.join(same)}." if same else "none of those recorded (another CPU).")
+        + "\n"
+    )

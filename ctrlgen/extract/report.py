@@ -76,6 +76,22 @@ def _seed_spread(
     )
 
 
+def _cpu_spread(ner_cfg: ExtractionConfig, fold_models: list[str]) -> str:
+    """Markdown: the configured engine's CV figures over set-ups on the CPUs benchmarks/ner_kernels.py recorded, for
+    the training of this config's all-notes NER ("" without it or without a record of its training)."""
+    import json
+
+    from ctrlgen.extract.ner import META_FILE
+    from ctrlgen.extract.ner_setup import set_up_spread
+
+    meta = Path(ner_cfg.ner_model or "") / META_FILE
+    if not meta.is_file():
+        return ""
+    key = json.loads(meta.read_text()).get("trained_on", {}).get("key", "")
+    hashes = [json.loads((Path(m) / META_FILE).read_text()).get("weights_sha256", "") for m in fold_models]
+    return set_up_spread(key, hashes)
+
+
 def _rules_section(cv: Any, ner_cfg: ExtractionConfig, deployed: Any) -> str:
     """Markdown: the rules each fold's engine ran, chosen on that fold's training notes only."""
     t = ner_cfg.rule_tuning
@@ -282,6 +298,7 @@ def extraction_report(
                         extra += _rules_section(cv, ncfg, deployed)
                     if seeds:
                         extra += _seed_spread(gold, ncfg, cv.predicted, seeds, cfg.nlp.spacy_model)
+                    extra += _cpu_spread(ncfg, cv.models)
                 if Path(ncfg.ner_model or "").is_dir():
                     # the model trained on every note, on those same notes: what the unknown setting runs on
                     # this corpus (in-sample, not a quality figure)

@@ -472,3 +472,26 @@ def test_a_trained_ner_is_compared_with_the_hashes_recorded_on_other_cpus(tmp_pa
     assert "the weights recorded on Intel x" in said and "NOT the weights recorded on AMD y" in said
     assert "AMD z" not in said  # another training: not comparable
     assert compare_to_recorded("k-3", "aa", rec) == ""
+
+
+def test_the_report_gives_the_engines_figures_as_a_range_over_the_cpus_recorded(tmp_path) -> None:
+    from ctrlgen.extract.ner_setup import set_up_spread
+
+    def cv(prefix: str, recall: float, precision: float) -> dict:
+        return {"folds": [{"sha256": f"{prefix}{i}" * 8} for i in range(2)], "recall": recall,
+                "precision": precision, "found": 90, "gold": 100, "predicted": 110}  # fmt: skip
+
+    rec = tmp_path / "ner_kernels.json"
+    rec.write_text(json.dumps({"machines": {
+        "Intel x": {"configured": {"key": "k-1", "sha256": "aa"}, "cv": cv("a", 0.972, 0.831)},
+        "AMD y": {"configured": {"key": "k-1", "sha256": "bb"}, "cv": cv("b", 0.968, 0.828)},
+        "AMD z": {"configured": {"key": "k-1", "sha256": "bb"}},  # no CV run there: no row
+        "Arm w": {"configured": {"key": "k-2", "sha256": "cc"}, "cv": cv("c", 0.5, 0.5)},  # another training
+    }}))  # fmt: skip
+    said = set_up_spread("k-1", ["b0" * 8, "b1" * 8], rec)
+    assert "recall 96.8-97.2%, precision 82.8-83.1%" in said and "on these 2 CPUs" in said
+    assert "| AMD y | `b0b0b0b0`, `b1b1b1b1` | 96.8 | 82.8 | 90 / 100 | 110 |" in said
+    assert "AMD z" not in said and "Arm w" not in said and "50.0" not in said
+    assert said.rstrip().endswith("those recorded on AMD y.")
+    assert set_up_spread("k-1", ["d0" * 8, "d1" * 8], rec).rstrip().endswith("none of those recorded (another CPU).")
+    assert set_up_spread("k-3", [], rec) == "" and set_up_spread("k-1", [], tmp_path / "none.json") == ""
