@@ -100,7 +100,8 @@ def train_cached(jobs: list[TrainJob], workers: int) -> list[str]:
 
     spaCy NERs train in fresh processes started with :func:`~ctrlgen.extract.ner.pinned_blas_env` (OpenBLAS reads
     its kernels and thread count when numpy loads), the configured NER and the cross-validation's fold models alike,
-    so that both are the models every CPU of the kind trains."""
+    so that both are trained the same way (the same weights on one CPU, and on CPUs measured alike: docs/benchmarks.md,
+    the NER's weights across CPUs)."""
     todo = [j for j in jobs if not (j.out / META_FILE).is_file()]
     spacy = [j for j in todo if j.how.kind == "spacy"]
     for group, env in ((spacy, pinned_blas_env()), ([j for j in todo if j.how.kind != "spacy"], {})):
