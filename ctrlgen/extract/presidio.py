@@ -481,20 +481,33 @@ def extend_names(text: str, entities: Sequence[Entity], common: frozenset[str] =
 _MENTION_WORD = re.compile(r"(?<![\w'-])[A-Za-z][A-Za-z\-]*[A-Za-z](?![A-Za-z-])")  # "QUARTERMAIN7" too
 
 
-def propagate_mentions(text: str, entities: Sequence[Entity], common: frozenset[str] = frozenset()) -> list[Entity]:
-    """Every other occurrence in the text of a word of a PERSON or LOC entity, as that category.
-
-    A name found once ("Radu Crosson contacted") is a name everywhere in the same note
-    ("Radu wishes ..."). Only words of 3+ letters that are not common words (``common``,
-    lower case) spread, and only to places no entity covers.
-    """
-    words: dict[str, Entity] = {}
+def mention_words(entities: Sequence[Entity], common: frozenset[str] = frozenset(),
+                  words: dict[str, Entity] | None = None) -> dict[str, Entity]:  # fmt: skip
+    """The words that spread (:func:`propagate_mentions`): each word of 3+ letters of a PERSON or LOC entity that is
+    not a common word (``common``, lower case), lower-cased, with the first entity it came from (added to
+    ``words`` when given)."""
+    words = {} if words is None else words
     for e in entities:
         if e.category in ("PERSON", "LOC"):
             for m in _MENTION_WORD.finditer(e.text):
                 w = m.group(0).lower()
                 if len(w) >= 3 and w not in common and w not in words:
                     words[w] = e
+    return words
+
+
+def propagate_mentions(
+    text: str, entities: Sequence[Entity], common: frozenset[str] = frozenset(), words: dict[str, Entity] | None = None
+) -> list[Entity]:
+    """Every other occurrence in the text of a word of a PERSON or LOC entity, as that category.
+
+    A name found once ("Radu Crosson contacted") is a name everywhere in the same note
+    ("Radu wishes ..."). Only words of 3+ letters that are not common words (``common``,
+    lower case) spread, and only to places no entity covers. ``words``: the words to spread, when they come from
+    elsewhere too (:func:`propagate_across_notes`); by default the note's own entities' (:func:`mention_words`).
+    """
+    if words is None:
+        words = mention_words(entities, common)
     if not words:
         return list(entities)
     out = list(entities)
@@ -506,6 +519,31 @@ def propagate_mentions(text: str, entities: Sequence[Entity], common: frozenset[
         out.append(Entity(m.start(), m.end(), m.group(0), src.category, src.kind, "pattern", src.label))
         taken.append((m.start(), m.end()))
     out.sort(key=lambda e: (e.start, e.end))
+    return out
+
+
+def propagate_across_notes(docs: Sequence[Document], common: frozenset[str] = frozenset(),
+                           key: str = "patient") -> list[Document]:  # fmt: skip
+    """:func:`propagate_mentions` over all the notes of one patient: the words of every PERSON or LOC entity found in
+    any note of a patient (``metadata[key]``) are marked wherever they occur in that patient's other notes too. A
+    note without ``key`` is left as it is. Pure: new documents, the same order.
+
+    Not part of the engine: measured after it by patient-level CV (benchmarks/ner_patient.py), it found no gold span
+    the engine had missed and added false ones."""
+    from collections import defaultdict
+
+    words: dict[str, dict[str, Entity]] = defaultdict(dict)
+    for d in docs:
+        if d.metadata.get(key) is not None:
+            mention_words(d.entities, common, words[str(d.metadata[key])])
+    out = []
+    for d in docs:
+        pid = d.metadata.get(key)
+        if pid is None or not words[str(pid)]:
+            out.append(d)
+            continue
+        ents = propagate_mentions(d.text, d.entities, common, {**words[str(pid)], **mention_words(d.entities, common)})
+        out.append(Document(d.doc_id, d.text, d.metadata, ents))
     return out
 
 
