@@ -33,13 +33,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -102,12 +105,16 @@ def cpu() -> dict[str, Any]:
         "avx2": {"avx2", "fma"} <= flags,
         "blis": blis.group(1) if blis else "?",
         "cores": os.cpu_count(),
+        "software": f"{' '.join(platform.libc_ver())}, Python {platform.python_version()}",
     }
 
 
-def _child(mode: str, notes: int, epochs: int, out: str, env: dict[str, str]) -> dict[str, Any]:
+def _child(mode: str, notes: int, epochs: int, out: str, env: dict[str, str], emulate: str = "") -> dict[str, Any]:
+    """One reduced training in a fresh process; ``emulate``: a qemu-user CPU model to run it under (its CPUID: vendor
+    and features, every instruction emulated on this machine)."""
     code = _CHILD.format(root=str(ROOT), config=str(ROOT / CONFIG), notes=notes, out=out, epochs=epochs, mode=mode)
-    res = subprocess.run([PY, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT)
+    cmd = (["qemu-x86_64", "-cpu", emulate] if emulate else []) + [PY, "-c", code]
+    res = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT)
     if res.returncode:
         raise SystemExit(f"reduced training ({mode}) failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -136,16 +143,21 @@ def suite_hashes() -> dict[str, dict[str, int]]:
     return {k: dict(v) for k, v in found.items()}
 
 
-def measure(notes: int, epochs: int, repeats: int) -> dict[str, Any]:
-    from ctrlgen.extract.ner import pinned_blas_env
+def measure(notes: int, epochs: int, repeats: int, emulate: Sequence[str] = ()) -> dict[str, Any]:
+    from ctrlgen.extract.ner import NUMERICS, pinned_blas_env
 
     env = pinned_blas_env()
     runs: dict[str, list[dict[str, Any]]] = {"blis": [], "numpy": []}
+    emulated: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):
             for mode in runs:
                 runs[mode].append(_child(mode, notes, epochs, f"{tmp}/{mode}{r}", env))
                 print(f"[ner_kernels] {mode} #{r + 1}: {runs[mode][-1]}", file=sys.stderr, flush=True)
+        for model in emulate:  # the numpy path under other CPUs' CPUID, on this machine
+            emulated.append({"cpu": model, **_child("numpy", notes, epochs, f"{tmp}/emulated", env, model)})
+            shutil.rmtree(f"{tmp}/emulated", ignore_errors=True)
+            print(f"[ner_kernels] emulated {model}: {emulated[-1]}", file=sys.stderr, flush=True)
         conf = configured(env, f"{tmp}/configured")
     print(f"[ner_kernels] configured: {conf['sha256']} ({conf['seconds']} s)", file=sys.stderr, flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
@@ -156,7 +168,8 @@ def measure(notes: int, epochs: int, repeats: int) -> dict[str, Any]:
         "commit": commit.stdout.strip() + (" + uncommitted changes" if dirty else ""),
         "cpu": cpu(),
         "env": env,
-        "reduced": {"notes": notes, "epochs": epochs, "runs": runs},
+        "numerics": NUMERICS,
+        "reduced": {"notes": notes, "epochs": epochs, "runs": runs, "emulated": emulated},
         "configured": conf,
     }
 
@@ -192,22 +205,51 @@ def cross_validated() -> dict[str, Any]:
             "gold": pooled.gold, "predicted": pooled.predicted, "train_minutes": round(trained / 60, 1)}  # fmt: skip
 
 
+#: the numerics of entries recorded before they were stored (spaCy's output layer still on BLIS: see NUMERICS)
+OLD_NUMERICS = "thinc numpy ops, no BLIS"
+
+
+def _numerics_legend(machines: dict[str, Any]) -> dict[str, str]:
+    """Short names (N1, N2, ...) for the numerics the entries were trained with, in order of appearance."""
+    seen = dict.fromkeys(m.get("numerics", OLD_NUMERICS) for m in machines.values())
+    return {f"N{i + 1}": v for i, v in enumerate(seen)}
+
+
 def report(r: dict[str, Any]) -> str:
     machines = r["machines"]
     lines = [
         f"Command: `{r['command']}` (`--render` rewrites this section from docs/benchmarks/ner_kernels.json, which "
         "keeps one entry per CPU: a run on another CPU adds its row). Training of the configured NER "
         f"(`ctrlgen train-ner -c {CONFIG}`, what `make setup` runs) on thinc's numpy ops without BLIS, numpy's "
-        "OpenBLAS pinned to Haswell on one thread and numpy's AVX-512 loops off. **Equal hashes on two CPUs: the same model.**",
+        "OpenBLAS pinned to Haswell on one thread and numpy's AVX-512 loops off. **Equal hashes of one training "
+        "(the same cache key: data, settings and numerics) on two CPUs: the same model.** Numerics: "
+        f"{'; '.join(f'{k} = {v}' for k, v in _numerics_legend(machines).items())}.",
         "",
-        "| CPU | AVX-512 | BLIS's own choice | configured NER sha256 | trained in s | commit | date |",
-        "|---|---|---|---|---|---|---|",
+        "| CPU | AVX-512 | BLIS's own choice | software | numerics | training key | configured NER sha256 | "
+        "trained in s | commit | date |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    legend = {v: k for k, v in _numerics_legend(machines).items()}
     for m in machines.values():
         c = m["cpu"]
         lines.append(f"| {c['key']} ({c['name']}, {c['cores']} cores) | {'yes' if c['avx512'] else 'no'} | "
-                     f"{c['blis']} | `{m['configured']['sha256'][:16]}` | {m['configured']['seconds']:.0f} | "
-                     f"{m['commit']} | {m['date']} |")  # fmt: skip
+                     f"{c['blis']} | {c.get('software', '?')} | {legend[m.get('numerics', OLD_NUMERICS)]} | "
+                     f"`{m['configured'].get('key', '?')}` | `{m['configured']['sha256'][:16]}` | "
+                     f"{m['configured']['seconds']:.0f} | {m['commit']} | {m['date']} |")  # fmt: skip
+    emulated = [(m, e) for m in machines.values() for e in m["reduced"].get("emulated", [])]
+    if emulated:
+        lines += [
+            "",
+            "The same reduced training (numpy path) under qemu-user's CPU models on one machine (`--emulate`): the "
+            "process sees that model's CPUID (vendor and features) and every instruction is emulated, so a hash that "
+            "follows the emulated CPU comes from code that chooses by CPUID, not from the hardware's arithmetic.",
+            "",
+            "| machine | numerics | emulated CPU | sha256 | s |",
+            "|---|---|---|---|---|",
+        ]
+        for m, e in emulated:
+            lines.append(f"| {m['cpu']['key']} | {legend[m.get('numerics', OLD_NUMERICS)]} | {e['cpu']} | "
+                         f"`{e['sha256'][:12]}` | {e['seconds']:.0f} |")  # fmt: skip
     with_cv = [m for m in machines.values() if m.get("cv")]
     if with_cv:
         lines += [
@@ -276,6 +318,8 @@ def main() -> None:
         help="a `make setup` log of this machine from before this change: "
         "the configured NER's hash it printed is kept with this CPU's entry",
     )
+    ap.add_argument("--emulate", default="", help="qemu-user CPU models (comma-separated, e.g. Haswell-v4,EPYC-Milan) "
+                    "to run the reduced numpy-path training under as well (apt's qemu-user)")
     ap.add_argument("--cv", action="store_true", help="also the configured engine's patient-level CV on this CPU")
     ap.add_argument("--render", action="store_true", help="rewrite the section from the saved JSON")
     args = ap.parse_args()
@@ -283,7 +327,7 @@ def main() -> None:
         publish(TITLE, JSON, report)
         return
     r = json.loads(JSON.read_text()) if JSON.is_file() else {"machines": {}}
-    m = measure(args.notes, args.epochs, args.repeats)
+    m = measure(args.notes, args.epochs, args.repeats, [x for x in args.emulate.split(",") if x])
     if args.cv:
         m["cv"] = cross_validated()
     if args.setup_log:

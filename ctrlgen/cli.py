@@ -433,15 +433,20 @@ already pinned. `ctrlgen train-ner`, and this report for its fold models, theref
 thinc's numpy ops without BLIS (the products on numpy's OpenBLAS), OpenBLAS pinned to Haswell on one thread (its
 products split over two threads give other weights than on one: another core count, another model) and numpy's
 AVX-512 loops off (`OPENBLAS_CORETYPE`, `OPENBLAS_NUM_THREADS`, `NPY_DISABLE_CPU_FEATURES`) on every x86-64 CPU
-with AVX2 (for a spaCy NER; a transformer tagger's torch kernels are not pinned). **That is not enough: measured,
-CPUs of two vendors still train different weights.** benchmarks/ner_kernels.py records each CPU's hash of the
-configured NER in docs/benchmarks.md: two AMD generations (Zen 3 without AVX-512, Zen 5 with it) trained the same
-weights, an Intel Xeon with AVX-512 other weights, all three settings in force and each CPU's hash the same on
-every training there. A set-up is therefore reproducible on the CPUs measured alike, not on every CPU, and the
-configured engine's figures are **a range over set-ups**: the same benchmark (`--cv`) cross-validates the engine
-by patient with each CPU's own fold NERs, and the PhysioNet section below lists each CPU's figures and their
-range. The other figures below are one set-up's (the models of this run); two set-ups of one commit differed by
-0.8 (recall) and 1.2 (precision) points on the unseen notes above.
+with AVX2 (for a spaCy NER; a transformer tagger's torch kernels are not pinned). **Measured, that was not enough
+until one more layer left BLIS:** spaCy builds the NER's output layer under thinc's "cpu" ops (BLIS's products)
+whatever ops are current, and BLIS picks its kernels by CPU vendor (haswell on Intel, generic C code on the AMD
+CPUs measured), so two AMD generations (Zen 3 without AVX-512, Zen 5 with it) trained the same weights and an Intel
+Xeon others. `ctrlgen train-ner` now puts every layer on the training's numpy ops (a test fails on any BLIS product
+in training). benchmarks/ner_kernels.py records each CPU's hash of the configured NER in docs/benchmarks.md; with
+`--emulate` it trains under qemu-user's CPU models on one machine: an emulated Intel Haswell, an emulated AMD EPYC
+Milan and the AMD Zen 5 it ran on gave one hash, where before the change the emulated Intel gave the real Intel's
+hash and the emulated AMD the AMD one. Until a real Intel machine records the configured NER's hash there, the same
+weights on every vendor are shown by emulation, not by a second vendor's set-up; the configured engine's figures
+are therefore also given **as a range over set-ups**: the same benchmark (`--cv`) cross-validates the engine by
+patient with each CPU's own fold NERs, and the PhysioNet section below lists each CPU's figures for this training
+and their range. The other figures below are one set-up's (the models of this run); two set-ups of one commit,
+before any of this, differed by 0.8 (recall) and 1.2 (precision) points on the unseen notes above.
 
 """
 

@@ -51,7 +51,7 @@ LABELS = ("PERSON", "LOC", "DATETIME", "CODE", "DEM", "ORG", "MISC", "QUANTITY")
 META_FILE = "ctrlgen_ner.json"
 #: how a spaCy NER's arithmetic runs in training (part of its cache key and of its metadata): thinc's numpy ops
 #: without BLIS, the matrix products on numpy's OpenBLAS (whose kernels ctrlgen pins), see :func:`train_ner`
-NUMERICS = "thinc numpy ops, no BLIS"
+NUMERICS = "thinc numpy ops on every layer, no BLIS"
 _DROP_FROM_BASE = ["tok2vec", "tagger", "parser", "attribute_ruler", "lemmatizer", "senter"]
 
 
@@ -230,8 +230,9 @@ def pinned_blas_env() -> dict[str, str]:
       not pinned.
 
     Empty elsewhere (another architecture, or a CPU without AVX2/FMA). Training is deterministic on one machine with
-    or without it (seeded; checked by tests/unit/test_clinical_ner.py). Across CPUs it is not enough: two AMD generations
-    train the same weights with it, an Intel AVX-512 CPU others (benchmarks/ner_kernels.py)."""
+    or without it (seeded; checked by tests/unit/test_clinical_ner.py). Across CPUs it was not enough while spaCy's output
+    layer ran on BLIS (Intel and AMD CPUs trained other weights); with every layer on the numpy ops (:func:`train_ner`)
+    an emulated Intel and an emulated AMD CPU train the same weights (benchmarks/ner_kernels.py ``--emulate``)."""
     import platform
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -330,10 +331,17 @@ def train_ner(
     say = log or (lambda m: print(f"train-ner: {m}", file=sys.stderr, flush=True))
     # thinc's own matrix library (BLIS) picks its kernels per CPU (skx on AVX-512 Intel CPUs, its generic C code on
     # CPUs it does not know, such as AMD Zen 3), which no environment variable pins: the model is built and trained
-    # on thinc's numpy ops without BLIS, whose products are numpy's OpenBLAS (pinned by pinned_blas_env)
+    # on thinc's numpy ops without BLIS, whose products are numpy's OpenBLAS (pinned by pinned_blas_env), every layer
+    # of it (_train_ner puts the output layer, which spaCy builds on BLIS, there too)
     with use_ops("numpy", use_blis=False):
         return _train_ner(docs, out_dir, base_model, epochs, seed, dropout, negatives, surrogates, augment_share,
                           trained_on, say, width, depth, average_params)  # fmt: skip
+
+
+def _same_ops(model: Any, ops: Any) -> None:
+    """Every layer of ``model`` on ``ops``."""
+    for node in model.walk():
+        node.ops = ops
 
 
 def _train_ner(
@@ -342,6 +350,7 @@ def _train_ner(
     say: Callable[[str], None], width: int | None, depth: int, average_params: bool,
 ) -> NerTrainResult:  # fmt: skip
     from spacy.util import compounding, fix_random_seed, minibatch
+    from thinc.api import get_current_ops
 
     from ctrlgen.assets import load_spacy
 
@@ -369,6 +378,11 @@ def _train_ner(
     else:  # only the new component: the base vocabulary and tokenizer stay as they are (no lookup tables)
         ner.initialize(lambda: examples, nlp=nlp)
         optimizer = nlp.create_optimizer()
+    # spaCy builds the NER's output layer under thinc's "cpu" ops (spacy/ml/models/parser.py: `use_ops("cpu")`, BLIS
+    # products whatever ops are current), and builds it again when labels resize it: put every layer on the ops of
+    # this training (train_ner: numpy ops, no BLIS) once the model is complete, or its products run on BLIS's
+    # per-CPU kernels (haswell on Intel, generic on AMD: other weights on each vendor)
+    _same_ops(ner.model, get_current_ops())
     rng = random.Random(seed)
     losses_by_epoch = []
     for epoch in range(epochs):

@@ -89,8 +89,8 @@ def compare_to_recorded(key: str, sha256: str, recorded: Path = RECORDED) -> str
         parts.append(f"the weights recorded on {', '.join(same)}")
     if other:
         parts.append(
-            f"NOT the weights recorded on {', '.join(other)} (the pinned kernels do not give every CPU "
-            "model the same weights: docs/benchmarks.md)"
+            f"NOT the weights recorded on {', '.join(other)} (the same training on another CPU: "
+            "docs/benchmarks.md, the clinical NER's weights across CPUs)"
         )
     return f"{' and '.join(parts)} ({recorded.name})" if parts else ""
 
@@ -145,10 +145,11 @@ def set_up_spread(key: str, fold_hashes: list[str], recorded: Path = RECORDED) -
     return (
         "\nThe configured engine over set-ups (the rules frozen: no in-fold selection), cross-validated by patient "
         "with the fold NERs each CPU trains (benchmarks/ner_kernels.py `--cv`, recorded in "
-        f"docs/benchmarks/{recorded.name}): the pinned kernels do not give every CPU the same weights, so a set-up's "
-        "figures depend on the CPU that trained it.\n\n" + "\n".join(lines) + "\n\n"
-        f"**Range over set-ups on these {len(rows)} CPUs: recall {min(rec):.1f}-{max(rec):.1f}%, precision "
-        f"{min(pre):.1f}-{max(pre):.1f}%.** This run's fold NERs are "
+        f"docs/benchmarks/{recorded.name}): a CPU whose set-up trains other weights gives other figures.\n\n" + "\n".join(lines) + "\n\n"
+        + (f"**Range over set-ups on these {len(rows)} CPUs: recall {min(rec):.1f}-{max(rec):.1f}%, precision "
+           f"{min(pre):.1f}-{max(pre):.1f}%.**" if len(rows) > 1 else "One CPU recorded for this training so far: no "
+           "range yet.")
+        + " This run's fold NERs are "
         + (f"those recorded on {', '.join(same)}." if same else "none of those recorded (another CPU).")
         + "\n"
     )
