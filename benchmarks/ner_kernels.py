@@ -60,8 +60,9 @@ SUITE_LOGS = ROOT / "docs" / "benchmarks" / "suite"
 PY = str(ROOT / ".venv" / "bin" / "python")
 
 # One reduced training in a fresh process, as the cross-validation trains its fold models (crossval._train): "numpy"
-# the training now (train_ner: thinc's numpy ops without BLIS), "blis" the training before this change (thinc's
-# default ops, BLIS's products: train_ner without its use_ops context).
+# the training now (train_ner: thinc's numpy ops without BLIS, every layer), "blis" thinc's default ops (BLIS's
+# products: train_ner without its use_ops context), "output-on-blis" the numpy ops but for spaCy's output layer, left
+# on the BLIS ops spaCy builds it with (the training before ctrlgen moved that layer: train_ner without _same_ops).
 _CHILD = """
 import contextlib, json, sys, time
 from pathlib import Path
@@ -74,6 +75,9 @@ cfg = load_config({config!r}, ["extraction.ner_training.epochs={epochs}"])
 docs = load_corpus(PhysionetCorpusConfig(path=cfg.corpus.path, identifiers="direct+quasi", limit={notes}))[0]
 if {mode!r} == "blis":
     thinc.api.use_ops = lambda *a, **k: contextlib.nullcontext()
+if {mode!r} == "output-on-blis":
+    import ctrlgen.extract.ner
+    ctrlgen.extract.ner._same_ops = lambda *a, **k: None
 t0 = time.perf_counter()
 job = TrainJob(docs, Path({out!r}), cfg.extraction.ner_training, cfg.nlp.spacy_model, cfg.extraction.name_lists, {{}})
 res = _train(job)
@@ -154,10 +158,12 @@ def measure(notes: int, epochs: int, repeats: int, emulate: Sequence[str] = ()) 
             for mode in runs:
                 runs[mode].append(_child(mode, notes, epochs, f"{tmp}/{mode}{r}", env))
                 print(f"[ner_kernels] {mode} #{r + 1}: {runs[mode][-1]}", file=sys.stderr, flush=True)
-        for model in emulate:  # the numpy path under other CPUs' CPUID, on this machine
-            emulated.append({"cpu": model, **_child("numpy", notes, epochs, f"{tmp}/emulated", env, model)})
-            shutil.rmtree(f"{tmp}/emulated", ignore_errors=True)
-            print(f"[ner_kernels] emulated {model}: {emulated[-1]}", file=sys.stderr, flush=True)
+        for model in emulate:  # under other CPUs' CPUID, on this machine: the training now and before the fix
+            for mode in ("numpy", "output-on-blis"):
+                emulated.append({"cpu": model, "mode": mode,
+                                 **_child(mode, notes, epochs, f"{tmp}/emulated", env, model)})  # fmt: skip
+                shutil.rmtree(f"{tmp}/emulated", ignore_errors=True)
+                print(f"[ner_kernels] emulated {model}, {mode}: {emulated[-1]}", file=sys.stderr, flush=True)
         conf = configured(env, f"{tmp}/configured")
     print(f"[ner_kernels] configured: {conf['sha256']} ({conf['seconds']} s)", file=sys.stderr, flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
@@ -244,12 +250,16 @@ def report(r: dict[str, Any]) -> str:
             "process sees that model's CPUID (vendor and features) and every instruction is emulated, so a hash that "
             "follows the emulated CPU comes from code that chooses by CPUID, not from the hardware's arithmetic.",
             "",
-            "| machine | numerics | emulated CPU | sha256 | s |",
+            "| machine | emulated CPU | training | sha256 | s |",
             "|---|---|---|---|---|",
         ]
         for m, e in emulated:
-            lines.append(f"| {m['cpu']['key']} | {legend[m.get('numerics', OLD_NUMERICS)]} | {e['cpu']} | "
-                         f"`{e['sha256'][:12]}` | {e['seconds']:.0f} |")  # fmt: skip
+            how = (f"numerics {legend[m.get('numerics', OLD_NUMERICS)]}" if e.get("mode", "numpy") == "numpy"
+                   else "the same, spaCy's output layer left on BLIS (before the fix)")  # fmt: skip
+            lines.append(f"| {m['cpu']['key']} | {e['cpu']} | {how} | `{e['sha256'][:12]}` | {e['seconds']:.0f} |")
+        native = [(m, x) for m, e in emulated[:1] for x in m["reduced"]["runs"]["numpy"][:1]]
+        lines += [f"| {m['cpu']['key']} | none (native) | numerics {legend[m.get('numerics', OLD_NUMERICS)]} | "
+                  f"`{x['sha256'][:12]}` | {x['seconds']:.0f} |" for m, x in native]  # fmt: skip
     with_cv = [m for m in machines.values() if m.get("cv")]
     if with_cv:
         lines += [
@@ -258,34 +268,41 @@ def report(r: dict[str, Any]) -> str:
             "in-fold selection) by patient-level CV, the 5 fold NERs trained on that CPU in the pinned environment; "
             "pooled over all 1,818 notes. The spread between rows is the spread between set-ups on those CPUs.",
             "",
-            "| CPU | fold NERs sha256 (folds 1-5) | recall % | precision % | found / gold | predicted |",
-            "|---|---|---|---|---|---|",
+            "| CPU | numerics | fold NERs sha256 (folds 1-5) | recall % | precision % | found / gold | predicted |",
+            "|---|---|---|---|---|---|---|",
         ]
         for m in with_cv:
             c = m["cv"]
             hashes = ", ".join(f"`{f['sha256'][:8]}`" for f in c["folds"])
-            lines.append(f"| {m['cpu']['key']} | {hashes} | {100 * c['recall']:.1f} | {100 * c['precision']:.1f} | "
-                         f"{c['found']} / {c['gold']} | {c['predicted']} |")  # fmt: skip
-        if len(with_cv) > 1:
-            rec = [100 * m["cv"]["recall"] for m in with_cv]
-            pre = [100 * m["cv"]["precision"] for m in with_cv]
-            lines += ["", f"Range over these CPUs: recall {min(rec):.1f}-{max(rec):.1f}%, precision "
-                          f"{min(pre):.1f}-{max(pre):.1f}%."]  # fmt: skip
+            lines.append(f"| {m['cpu']['key']} | {legend[m.get('numerics', OLD_NUMERICS)]} | {hashes} | "
+                         f"{100 * c['recall']:.1f} | {100 * c['precision']:.1f} | {c['found']} / {c['gold']} | "
+                         f"{c['predicted']} |")  # fmt: skip
+        ranges = []
+        for name, numerics in _numerics_legend(machines).items():  # a range over CPUs of one training only
+            same = [m["cv"] for m in with_cv if m.get("numerics", OLD_NUMERICS) == numerics]
+            if len(same) > 1:
+                rec = [100 * c["recall"] for c in same]
+                pre = [100 * c["precision"] for c in same]
+                ranges.append(f"{name}: recall {min(rec):.1f}-{max(rec):.1f}%, precision {min(pre):.1f}-"
+                              f"{max(pre):.1f}% over {len(same)} CPUs")  # fmt: skip
+            elif same:
+                ranges.append(f"{name}: one CPU so far")
+        lines += ["", "Range over CPUs, per numerics: " + "; ".join(ranges) + "."]
     runs = [f"{m['cpu']['key']}: `{m['command']}`" for m in machines.values() if m.get("command")]
     if runs:
         lines += ["", "Each CPU's run: " + "; ".join(runs) + "."]
     lines += [
         "",
         "Reduced trainings (the first notes of the corpus, the config's architecture, fresh processes with the "
-        "pinned environment, interleaved): the training before this change (thinc's default ops: BLIS's products) "
-        "and the training now.",
+        "pinned environment, interleaved): with thinc's default ops (BLIS's products) and with the entry's numerics.",
         "",
         "| CPU | path | notes x epochs | sha256 of each run | s per run |",
         "|---|---|---|---|---|",
     ]
     for m in machines.values():
         red = m["reduced"]
-        for mode, label in (("blis", "before: BLIS"), ("numpy", "now: numpy ops, no BLIS")):
+        numerics = legend[m.get("numerics", OLD_NUMERICS)]
+        for mode, label in (("blis", "thinc's default ops: BLIS"), ("numpy", f"numerics {numerics}")):
             runs = red["runs"][mode]
             hashes = ", ".join(f"`{x['sha256'][:12]}`" for x in runs)
             secs = " / ".join(f"{x['seconds']:.1f}" for x in runs)
@@ -334,7 +351,11 @@ def main() -> None:
         found = WEIGHTS.findall(args.setup_log.read_text(errors="replace"))
         m["setup_before"] = found[-1] if found else None
     m["command"] = shlex.join([".venv/bin/python", "benchmarks/ner_kernels.py", *sys.argv[1:]])
-    r["machines"][m["cpu"]["key"]] = m
+    key = m["cpu"]["key"]
+    earlier = r["machines"].get(key)
+    if earlier and earlier.get("numerics", OLD_NUMERICS) != m["numerics"]:  # another training: kept as history
+        r["machines"][f"{key} ({earlier.get('numerics', OLD_NUMERICS)})"] = r["machines"].pop(key)
+    r["machines"][key] = m
     r["command"] = ".venv/bin/python benchmarks/ner_kernels.py"
     r["date"] = m["date"]
     r.pop("suite_hashes", None)  # the JSON of an earlier run: the suite's hashes are read from the kept logs
