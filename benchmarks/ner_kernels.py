@@ -17,13 +17,15 @@ thinc's numpy ops without BLIS (``ctrlgen.extract.ner.NUMERICS``), numpy's AVX-5
    patient-level CV, its 5 fold NERs trained on this CPU in the pinned environment into a temporary directory (never
    another CPU's cached models), pooled recall and precision beside each CPU's hash (~10 min more on 2 cores).
 
-docs/benchmarks/ner_kernels.json keeps one entry per CPU (a run on another CPU adds its own): **two CPUs whose
-configured-NER hashes are equal train the same model.** The section also lists the hashes that `make setup`
-printed in the kept CI logs (docs/benchmarks/suite/), before this change and after it (a set-up after it says
-whether its weights are the ones recorded here).
+docs/benchmarks/ner_kernels.json keeps one entry per CPU and numerics (a run on another CPU adds its own, a run with
+new numerics keeps the earlier one as history): **two CPUs whose configured-NER hashes of one training are equal
+train the same model.** With ``--emulate`` the reduced training also runs under qemu-user's CPU models (the numerics
+now, and spaCy's output layer left on BLIS as before the fix). The section also lists the hashes that `make setup`
+printed in the kept CI logs (docs/benchmarks/suite/) and which CPU and numerics recorded each.
 
     .venv/bin/python benchmarks/ner_kernels.py            # ~10 min on this project's 2-core machines
     .venv/bin/python benchmarks/ner_kernels.py --cv       # also the configured engine's CV on this CPU's fold NERs
+    .venv/bin/python benchmarks/ner_kernels.py --cv --emulate Haswell-v4,EPYC-Milan  # + emulated CPUs (~20 min)
     .venv/bin/python benchmarks/ner_kernels.py --setup-log LOG  # also keep a pre-change `make setup` log's hash
     .venv/bin/python benchmarks/ner_kernels.py --render
 """
@@ -136,15 +138,12 @@ def configured(env: dict[str, str], out: str) -> dict[str, Any]:
             "key": meta["trained_on"]["key"], "blas": meta["blas"]}  # fmt: skip
 
 
-def suite_hashes() -> dict[str, dict[str, int]]:
-    """The configured NER's hashes that `make setup` printed in the kept CI logs, counted apart for set-ups before
-    this change and after it (those compare their weights with this JSON's: "... weights recorded on ...")."""
-    found: dict[str, Counter[str]] = {"before": Counter(), "after": Counter()}
+def suite_hashes() -> dict[str, int]:
+    """The configured NER's hashes that `make setup` printed in the kept CI logs, with how many set-ups printed each."""
+    found: Counter[str] = Counter()
     for log in sorted(SUITE_LOGS.glob("*.log")):
-        for line in log.read_text(errors="replace").splitlines():
-            for h in WEIGHTS.findall(line):
-                found["after" if "weights recorded on" in line else "before"][h] += 1
-    return {k: dict(v) for k, v in found.items()}
+        found.update(WEIGHTS.findall(log.read_text(errors="replace")))
+    return dict(found)
 
 
 def measure(notes: int, epochs: int, repeats: int, emulate: Sequence[str] = ()) -> dict[str, Any]:
@@ -309,17 +308,22 @@ def report(r: dict[str, Any]) -> str:
             lines.append(f"| {m['cpu']['key']} | {label} | {red['notes']} x {red['epochs']} | {hashes} | {secs} |")
     before = {m["cpu"]["key"]: m["setup_before"] for m in machines.values() if m.get("setup_before")}
     suite = suite_hashes()  # the kept logs, read at each render (a CI log kept later is counted without a rerun)
+    recorded: dict[str, list[str]] = {}
+    for m in machines.values():
+        recorded.setdefault(m["configured"]["sha256"], []).append(
+            f"{legend[m.get('numerics', OLD_NUMERICS)]} on {m['cpu']['key']}")
 
-    def listed(hashes: dict[str, int]) -> str:
-        return "; ".join(f"`{h[:16]}` ({n} set-up{'s' if n > 1 else ''})" for h, n in hashes.items()) or "none"
+    def said(h: str, n: int) -> str:
+        where = "; ".join(dict.fromkeys(recorded.get(h, []))) or "recorded by no run here: another CPU, or a training before these numerics"
+        return f"`{h[:16]}` ({n} set-up{'s' if n > 1 else ''}: {where})"
 
-    if any(suite.values()) or before:
+    if suite or before:
         lines += [
             "",
-            "The configured NER's hashes that `make setup` printed in the kept CI logs (docs/benchmarks/suite/): "
-            f"before this change {listed(suite.get('before', {}))}"
-            + "".join(f"; on {k}, the set-up of this machine (`--setup-log`): `{h[:16]}`" for k, h in before.items())
-            + f"; after it {listed(suite.get('after', {}))}.",
+            "The configured NER's hashes that `make setup` printed in the kept CI logs (docs/benchmarks/suite/), with "
+            "the CPUs and numerics that recorded each: " + "; ".join(said(h, n) for h, n in suite.items())
+            + "".join(f"; on {k}, a set-up before the pinned numerics (`--setup-log`): `{h[:16]}`"
+                      for k, h in before.items()) + ".",
         ]
     return "\n".join(lines)
 
