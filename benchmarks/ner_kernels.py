@@ -221,6 +221,8 @@ def _numerics_legend(machines: dict[str, Any]) -> dict[str, str]:
 
 
 def report(r: dict[str, Any]) -> str:
+    from ctrlgen.extract.ner_setup import cv_range, cv_row
+
     machines = r["machines"]
     lines = [
         f"Command: `{r['command']}` (`--render` rewrites this section from docs/benchmarks/ner_kernels.json, which "
@@ -270,20 +272,12 @@ def report(r: dict[str, Any]) -> str:
             "| CPU | numerics | fold NERs sha256 (folds 1-5) | recall % | precision % | found / gold | predicted |",
             "|---|---|---|---|---|---|---|",
         ]
-        for m in with_cv:
-            c = m["cv"]
-            hashes = ", ".join(f"`{f['sha256'][:8]}`" for f in c["folds"])
-            lines.append(f"| {m['cpu']['key']} | {legend[m.get('numerics', OLD_NUMERICS)]} | {hashes} | "
-                         f"{100 * c['recall']:.1f} | {100 * c['precision']:.1f} | {c['found']} / {c['gold']} | "
-                         f"{c['predicted']} |")  # fmt: skip
+        lines += [cv_row(m["cpu"]["key"], m["cv"], legend[m.get("numerics", OLD_NUMERICS)]) for m in with_cv]
         ranges = []
         for name, numerics in _numerics_legend(machines).items():  # a range over CPUs of one training only
             same = [m["cv"] for m in with_cv if m.get("numerics", OLD_NUMERICS) == numerics]
             if len(same) > 1:
-                rec = [100 * c["recall"] for c in same]
-                pre = [100 * c["precision"] for c in same]
-                ranges.append(f"{name}: recall {min(rec):.1f}-{max(rec):.1f}%, precision {min(pre):.1f}-"
-                              f"{max(pre):.1f}% over {len(same)} CPUs")  # fmt: skip
+                ranges.append(f"{name}: {cv_range(same)} over {len(same)} CPUs")
             elif same:
                 ranges.append(f"{name}: one CPU so far")
         lines += ["", "Range over CPUs, per numerics: " + "; ".join(ranges) + "."]

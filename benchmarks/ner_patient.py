@@ -46,10 +46,6 @@ BETA = 2.0
 VARIANTS = ("configured engine", "spread over the patient's notes")
 
 
-def _fbeta(recall: float, precision: float, beta: float = BETA) -> float:
-    return 0.0 if not recall or not precision else (1 + beta**2) * precision * recall / (beta**2 * precision + recall)
-
-
 def _by_type(gold: Sequence[Any], pred: Sequence[Any]) -> dict[str, list[int]]:
     """Per gold type (the corpus' own labels): [found, gold], a gold span found when a prediction overlaps it."""
     out: dict[str, list[int]] = {}
@@ -113,7 +109,9 @@ def _types(r: dict[str, Any], variant: str) -> dict[str, list[int]]:
 
 def report(r: dict[str, Any]) -> str:
     pooled = {v: _sum([f["by"][v] for f in r["folds"]])["ALL"] for v in VARIANTS}
-    f2 = {v: _fbeta(pooled[v].recall, pooled[v].precision) for v in VARIANTS}
+    from ctrlgen.extract.rules import f_beta
+
+    f2 = {v: f_beta(pooled[v].precision, pooled[v].recall, BETA) for v in VARIANTS}
     adopted = f2[VARIANTS[1]] > f2[VARIANTS[0]]
     notes = sum(f["notes"] for f in r["folds"])
     lines = [

@@ -18,7 +18,7 @@ from typing import Any
 from ctrlgen.config import CtrlgenConfig
 from ctrlgen.errors import CtrlgenError
 
-__all__ = ["compare_to_recorded", "ensure_ner_model", "set_up_spread", "train_configured_ner"]
+__all__ = ["compare_to_recorded", "cv_range", "cv_row", "ensure_ner_model", "set_up_spread", "train_configured_ner"]
 
 
 def _log(msg: str) -> None:
@@ -135,21 +135,32 @@ def set_up_spread(key: str, fold_hashes: list[str], recorded: Path = RECORDED) -
         return ""
     lines = ["| CPU | fold NERs sha256 | recall % | precision % | found / gold | predicted |",
              "|---|---|---|---|---|---|"]  # fmt: skip
-    for cpu, c in rows.items():
-        hashes = ", ".join(f"`{f['sha256'][:8]}`" for f in c["folds"])
-        lines.append(f"| {cpu} | {hashes} | {100 * c['recall']:.1f} | {100 * c['precision']:.1f} | "
-                     f"{c['found']} / {c['gold']} | {c['predicted']} |")  # fmt: skip
+    lines += [cv_row(cpu, c) for cpu, c in rows.items()]
     same = [cpu for cpu, c in rows.items() if [f["sha256"] for f in c["folds"]] == fold_hashes]
-    rec = [100 * c["recall"] for c in rows.values()]
-    pre = [100 * c["precision"] for c in rows.values()]
+    spread = cv_range(list(rows.values()))
     return (
         "\nThe configured engine over set-ups (the rules frozen: no in-fold selection), cross-validated by patient "
         "with the fold NERs each CPU trains (benchmarks/ner_kernels.py `--cv`, recorded in "
-        f"docs/benchmarks/{recorded.name}): a CPU whose set-up trains other weights gives other figures.\n\n" + "\n".join(lines) + "\n\n"
-        + (f"**Range over set-ups on these {len(rows)} CPUs: recall {min(rec):.1f}-{max(rec):.1f}%, precision "
-           f"{min(pre):.1f}-{max(pre):.1f}%.**" if len(rows) > 1 else "One CPU recorded for this training so far: no "
-           "range yet.")
+        f"docs/benchmarks/{recorded.name}): a CPU whose set-up trains other weights gives other figures.\n\n"
+        + "\n".join(lines) + "\n\n"
+        + (f"**Range over set-ups on these {len(rows)} CPUs: {spread}.**" if len(rows) > 1
+           else "One CPU recorded for this training so far: no range yet.")
         + " This run's fold NERs are "
         + (f"those recorded on {', '.join(same)}." if same else "none of those recorded (another CPU).")
         + "\n"
-    )
+    )  # fmt: skip
+
+
+def cv_row(cpu: str, c: dict[str, Any], *cells: str) -> str:
+    """A Markdown row of one CPU's ``--cv`` record (benchmarks/ner_kernels.py): its fold NERs' hashes, pooled recall
+    and precision, found / gold and predicted; ``cells`` go between the CPU and the hashes."""
+    hashes = ", ".join(f"`{f['sha256'][:8]}`" for f in c["folds"])
+    return (f"| {' | '.join([cpu, *cells])} | {hashes} | {100 * c['recall']:.1f} | {100 * c['precision']:.1f} | "
+            f"{c['found']} / {c['gold']} | {c['predicted']} |")  # fmt: skip
+
+
+def cv_range(records: list[dict[str, Any]]) -> str:
+    """The range of ``--cv`` records' pooled recall and precision, in percent."""
+    rec = [100 * c["recall"] for c in records]
+    pre = [100 * c["precision"] for c in records]
+    return f"recall {min(rec):.1f}-{max(rec):.1f}%, precision {min(pre):.1f}-{max(pre):.1f}%"
