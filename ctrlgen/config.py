@@ -354,6 +354,15 @@ class ExtractionConfig(_Model):
         "piece whose probability of being outside every entity is below it takes its most probable entity tag "
         "(higher: more recall, less precision).",
     )
+    ner_beam_bar: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="A spaCy NER's decoding: None, greedy (each step's most probable transition, as it trains); a "
+        "number, beam search (16 parses) and every entity whose probability over the beam is at least it, the more "
+        "probable first where two overlap (lower: more recall, less precision; docs/benchmarks.md, the spaCy NER's "
+        "beam bar).",
+    )
     name_lists: str | None = Field(
         None,
         description="Directory of deid-format general name and place lists (female_names_unambig.txt, "

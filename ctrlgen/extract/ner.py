@@ -39,6 +39,7 @@ __all__ = [
     "NerTrainResult",
     "Surrogates",
     "augment",
+    "beam_decoding",
     "numpy_above_avx2",
     "patient_folds",
     "pinned_blas_env",
@@ -53,6 +54,11 @@ META_FILE = "ctrlgen_ner.json"
 #: without BLIS, the matrix products on numpy's OpenBLAS (whose kernels ctrlgen pins), see :func:`train_ner`
 NUMERICS = "thinc numpy ops on every layer, no BLIS"
 _DROP_FROM_BASE = ["tok2vec", "tagger", "parser", "attribute_ruler", "lemmatizer", "senter"]
+#: a spaCy NER decoded with a bar (``extraction.ner_beam_bar``): parses the beam keeps, and spaCy's beam density
+#: (a parse whose score falls below this share of the best one's is dropped); fixed before the bar was measured
+BEAM_WIDTH = 16
+BEAM_DENSITY = 1e-4
+BEAM_COMPONENT = "ctrlgen_beam_ner"
 
 
 def patient_folds(patients: Sequence[str], k: int, seed: int) -> list[list[str]]:
@@ -409,3 +415,63 @@ def _train_ner(
                                      augment_share=augment_share if surrogates else 0.0,
                                      architecture="fine-tuned base NER" if width is None
                                      else f"fresh NER, tok2vec width {width}, depth {depth}"))  # fmt: skip
+
+
+def beam_decoding(nlp: Any, bar: float) -> Any:
+    """``nlp`` (a trained NER's pipeline) with its ``ner`` decoded by beam search and a bar on the entities.
+
+    Greedy decoding (how the NER trains and runs by default) takes each step's most probable transition: an entity
+    the model finds likely but not most likely is never proposed. Here the ``ner`` keeps :data:`BEAM_WIDTH` parses;
+    an entity's probability is the share of the beam's probability that its parses hold (spaCy's
+    ``EntityRecognizer.scored_ents``), and ``doc.ents`` are the entities whose probability is at least ``bar``, the
+    more probable first where two overlap. A lower bar: more recall, less precision. The trained weights are used as
+    they are (the NER is not retrained for the beam).
+    """
+    from spacy.language import Language
+
+    if not 0.0 < bar <= 1.0:
+        raise ValueError(f"extraction.ner_beam_bar must be in (0, 1], got {bar}")
+    if "ner" not in nlp.pipe_names:
+        raise CtrlgenError("beam decoding needs a pipeline with a spaCy 'ner' component (not a transformer tagger)")
+    if not Language.has_factory(BEAM_COMPONENT):
+        Language.factory(BEAM_COMPONENT, default_config={"bar": 0.5})(_BeamNer)
+    nlp.add_pipe(BEAM_COMPONENT, after="ner", config={"bar": bar})
+    nlp.disable_pipe("ner")  # the beam component runs it
+    return nlp
+
+
+class _BeamNer:
+    """Sets ``doc.ents`` from the pipeline's ``ner`` by beam search (:func:`beam_decoding`)."""
+
+    def __init__(self, nlp: Any, name: str, bar: float) -> None:
+        self.ner, self.bar = nlp.get_pipe("ner"), bar
+        self.ner.cfg.update(beam_width=BEAM_WIDTH, beam_density=BEAM_DENSITY)
+
+    def __call__(self, doc: Any) -> Any:
+        return next(iter(self.pipe([doc])))
+
+    def pipe(self, docs: Any, batch_size: int = 64) -> Any:
+        from spacy.util import minibatch
+
+        for batch in minibatch(docs, size=batch_size):
+            full = [d for d in batch if len(d)]  # spaCy's predict returns no beams for a batch of empty docs
+            scored = self.ner.scored_ents(self.ner.predict(full)) if full else []
+            for doc, ents in zip(full, scored, strict=True):
+                doc.ents = entities_over_bar(doc, ents, self.bar)
+            yield from batch
+
+
+def entities_over_bar(doc: Any, scored: dict[tuple[int, int, str], float], bar: float) -> list[Any]:
+    """Spans of ``doc`` from ``(start token, end token, label) -> probability``: those at or over ``bar``, the more
+    probable first (then the earlier, the longer, the label first in alphabetical order) where two overlap; in text
+    order."""
+    from spacy.tokens import Span
+
+    taken = [False] * len(doc)
+    out = []
+    order = sorted(scored.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][0] - kv[0][1], kv[0][2]))
+    for (start, end, label), p in order:
+        if p >= bar and not any(taken[start:end]):
+            taken[start:end] = [True] * (end - start)
+            out.append(Span(doc, start, end, label=label))
+    return sorted(out, key=lambda s: s.start)

@@ -21,7 +21,7 @@ from typing import Any
 
 from ctrlgen.assets import load_spacy, offline_env
 from ctrlgen.config import ExtractionConfig
-from ctrlgen.errors import AssetError
+from ctrlgen.errors import AssetError, ConfigError
 from ctrlgen.extract.recognizers import (
     PATTERN_RECOGNIZERS,
     DictionaryRecognizer,
@@ -176,6 +176,7 @@ def _nlp_engine(
     ner_only: bool,
     ner_model: str | None = None,
     o_threshold: float | None = None,
+    beam_bar: float | None = None,
 ) -> Any:
     from presidio_analyzer.nlp_engine import NerModelConfiguration, SpacyNlpEngine
 
@@ -194,14 +195,17 @@ def _nlp_engine(
     )
     # Load the pipeline ourselves: SpacyNlpEngine.load() would try to download a missing one.
     if ner_model:
-        engine.nlp = {"en": load_ner(ner_model, o_threshold)}
+        engine.nlp = {"en": load_ner(ner_model, o_threshold, beam_bar)}
     else:
         engine.nlp = {"en": load_spacy(spacy_model, disable=list(disable))}
     return engine
 
 
-def load_ner(path: str, o_threshold: float | None = None) -> Any:
-    """A ``ctrlgen train-ner`` pipeline (tokenizer + ner), with a clear error when it is missing."""
+def load_ner(path: str, o_threshold: float | None = None, beam_bar: float | None = None) -> Any:
+    """A ``ctrlgen train-ner`` pipeline (tokenizer + ner), with a clear error when it is missing.
+
+    ``o_threshold``: a transformer tagger's bar on P(O); ``beam_bar``: a spaCy NER's bar on its entities'
+    probability over a beam (:func:`~ctrlgen.extract.ner.beam_decoding`); each only for its kind of model."""
     from pathlib import Path
 
     from ctrlgen.extract.ner import META_FILE
@@ -216,8 +220,19 @@ def load_ner(path: str, o_threshold: float | None = None) -> Any:
     from ctrlgen.extract.transformer_ner import is_transformer_model, load_pipeline
 
     if is_transformer_model(p):  # a BIO token classifier, run as a spaCy component that sets doc.ents
+        if beam_bar is not None:
+            raise ConfigError(f"extraction.ner_beam_bar is for a spaCy NER; {path} is a transformer tagger "
+                              "(its bar: extraction.ner_o_threshold)")  # fmt: skip
         return load_pipeline(p, o_threshold=o_threshold)
-    return load_spacy(str(p))
+    if o_threshold is not None:
+        raise ConfigError(f"extraction.ner_o_threshold is for a transformer tagger; {path} is a spaCy NER "
+                          "(its bar: extraction.ner_beam_bar)")  # fmt: skip
+    nlp = load_spacy(str(p))
+    if beam_bar is not None:
+        from ctrlgen.extract.ner import beam_decoding
+
+        nlp = beam_decoding(nlp, beam_bar)
+    return nlp
 
 
 def build_stock_analyzer(spacy_model: str) -> Any:
@@ -593,9 +608,8 @@ class PresidioExtractor:
         t0 = time.perf_counter()
         # Without the lemmatizer, lemmas and Presidio's lemma-based context step have nothing to work on.
         ner_only = "lemmatizer" in cfg.spacy_disable
-        self._engine = _nlp_engine(
-            spacy_model, cfg.spacy_disable, ner_only or bool(cfg.ner_model), cfg.ner_model, cfg.ner_o_threshold
-        )
+        self._engine = _nlp_engine(spacy_model, cfg.spacy_disable, ner_only or bool(cfg.ner_model), cfg.ner_model,
+                                   cfg.ner_o_threshold, cfg.ner_beam_bar)  # fmt: skip
         registry = RecognizerRegistry(supported_languages=["en"])
         # read once: DictionaryRecognizer's names and places, and the common words propagation skips
         needed = "DictionaryRecognizer" in cfg.recognizers or cfg.propagate_mentions

@@ -232,6 +232,48 @@ def test_a_numpy_that_hides_its_dispatch_targets_leaves_its_loops_unpinned(monke
     assert ner.numerics_in_use() == {"blas_env_pinned": True, "numpy_loops": "per CPU (not pinned)"}
 
 
+def test_entities_over_the_bar_keep_the_more_probable_of_overlapping_ones() -> None:
+    import spacy
+
+    from ctrlgen.extract.ner import entities_over_bar
+
+    doc = spacy.blank("en")("seen by Dr John Smith at Mercy today")
+    scored = {(3, 5, "PERSON"): 0.6, (4, 5, "PERSON"): 0.3, (3, 5, "LOC"): 0.3, (6, 7, "LOC"): 0.45,
+              (7, 8, "DATETIME"): 0.05}  # fmt: skip
+    assert [(e.text, e.label_) for e in entities_over_bar(doc, scored, 0.5)] == [("John Smith", "PERSON")]
+    low = [(e.text, e.label_) for e in entities_over_bar(doc, scored, 0.04)]
+    assert low == [("John Smith", "PERSON"), ("Mercy", "LOC"), ("today", "DATETIME")]  # overlaps: the more probable
+    tie = entities_over_bar(doc, {(3, 5, "LOC"): 0.3, (3, 5, "PERSON"): 0.3}, 0.1)
+    assert [e.label_ for e in tie] == ["LOC"]  # a tie: by label
+
+
+def test_beam_decoding_proposes_entities_over_its_bar(small_ner, shared) -> None:
+    from ctrlgen.errors import ConfigError
+    from ctrlgen.extract.presidio import PresidioExtractor, load_ner
+
+    texts = [d.text for d in _physionet(shared, 60)[40:]] + [""]
+    greedy = load_ner(str(small_ner))
+    ner = greedy.get_pipe("ner")
+    ner.cfg.update(beam_width=16, beam_density=1e-4)
+    scored = ner.scored_ents(ner.predict([greedy.make_doc(t) for t in texts[:-1]]))
+    ner.cfg.update(beam_width=1, beam_density=0.0)
+    by_bar = {}
+    for bar in (0.9, 0.2, 0.01):
+        nlp = load_ner(str(small_ner), beam_bar=bar)
+        assert "ner" in nlp.disabled and nlp.pipe_names[-1] == "ctrlgen_beam_ner"
+        docs = list(nlp.pipe(texts))
+        assert not docs[-1].ents  # an empty note: no entity, no error
+        by_bar[bar] = {(i, e.start, e.end, e.label_) for i, d in enumerate(docs) for e in d.ents}
+        assert all(scored[i][(s, e, lab)] >= bar for i, s, e, lab in by_bar[bar])
+    assert by_bar[0.9] <= by_bar[0.2] <= by_bar[0.01] and len(by_bar[0.01]) > len(by_bar[0.9])
+    cfg = ExtractionConfig(setting="unknown", ner_model=str(small_ner), ner_beam_bar=0.2,
+                           recognizers=["SpacyRecognizer"])  # fmt: skip
+    found = PresidioExtractor(cfg, identifiers="direct+quasi").extract_texts(texts)
+    assert sum(map(len, found)) > 0 and found[-1] == []
+    with pytest.raises(ConfigError, match="ner_o_threshold is for a transformer tagger"):
+        load_ner(str(small_ner), o_threshold=0.9)
+
+
 def test_a_missing_ner_model_is_a_clear_error(tmp_path) -> None:
     from ctrlgen.errors import AssetError
     from ctrlgen.extract.presidio import PresidioExtractor
