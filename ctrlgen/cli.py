@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from ctrlgen.config import CtrlgenConfig, load_config
+from ctrlgen.config import CtrlgenConfig, ExtractionConfig, load_config
 from ctrlgen.errors import CtrlgenError
 
 __all__ = ["main"]
@@ -485,6 +485,19 @@ def _ner_architecture(cfg: CtrlgenConfig) -> str:
     return f"a fresh NER (tok2vec width {h.width}, depth {h.depth}) on {cfg.nlp.spacy_model}'s tokenizer"
 
 
+def _spacy_saved_and_decoded(ex: ExtractionConfig) -> str:
+    from ctrlgen.extract.ner import BEAM_WIDTH
+
+    decoded = (
+        "decoded greedily, each step's most probable transition (a beam with a bar on the entities, "
+        "`extraction.ner_beam_bar`, is measured in docs/benchmarks.md)"
+        if ex.ner_beam_bar is None
+        else f"decoded by beam search ({BEAM_WIDTH} parses), every entity of probability at least "
+        f"{ex.ner_beam_bar:g} over the beam"
+    )
+    return f"; the weights saved are the optimizer's running averages, as `spacy train` saves them; {decoded}"
+
+
 def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     from ctrlgen.extract.report import extraction_report, ner_label
 
@@ -510,9 +523,7 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
         seed=ex.ner_training.seed,
         folds=ex.ner_training.folds,
         rules_made=_RULES_CHOSEN if ex.rule_tuning.enabled else _RULES_FIXED,
-        saved=""
-        if ex.ner_training.kind == "transformer"
-        else "; the weights saved are the optimizer's running averages, as `spacy train` saves them",
+        saved="" if ex.ner_training.kind == "transformer" else _spacy_saved_and_decoded(ex),
         architecture=_ner_architecture(cfg),
         ner_label=ner_label(ex),
         also_engines="".join(
