@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from _report import publish  # noqa: E402
 from ner_spacy import _cpu, _fbeta  # noqa: E402
-from ner_threshold import PHYSIONET, _pct, _pr, _scores, _sum, provenance  # noqa: E402
+from ner_threshold import _pct, _pr, _scores, _sum, frozen_fold_models, provenance  # noqa: E402
 
 CONFIG = "configs/extract_physionet_ner.yaml"
 JSON = ROOT / "docs" / "benchmarks" / "ner_beam.json"
@@ -58,23 +58,11 @@ def _bar_name(bar: float | None) -> str:
 def measure(overrides: Sequence[str] = (), limit: int | None = None) -> dict[str, Any]:
     from threadpoolctl import threadpool_limits
 
-    from ctrlgen.config import PhysionetCorpusConfig, load_config
-    from ctrlgen.corpora import load_corpus
-    from ctrlgen.extract.crossval import _fold_jobs, train_cached
     from ctrlgen.extract.ner import BEAM_DENSITY, BEAM_WIDTH
     from ctrlgen.extract.presidio import PresidioExtractor
-    from ctrlgen.extract.report import NER_CACHE, _ner_alone, rules_digest
+    from ctrlgen.extract.report import _ner_alone, rules_digest
 
-    cfg = load_config(str(ROOT / CONFIG), list(overrides))
-    ex = cfg.extraction.model_copy(update={"setting": "unknown"})
-    ex = ex.model_copy(update={"rule_tuning": ex.rule_tuning.model_copy(update={"enabled": False})})
-    if ex.ner_training.kind != "spacy":
-        raise SystemExit(f"{CONFIG}: extraction.ner_training.kind is not spacy")
-    docs = load_corpus(PhysionetCorpusConfig(path=str(PHYSIONET), identifiers="direct+quasi", limit=limit))[0]
-    t0 = time.perf_counter()
-    outer = _fold_jobs(docs, ex.ner_training.folds, ex, ROOT / NER_CACHE, cfg.nlp.spacy_model, "physionet-deid")
-    models = train_cached([job for job, _, _ in outer], ex.ner_training.workers)
-    train_s = time.perf_counter() - t0
+    cfg, ex, outer, models, train_s = frozen_fold_models(CONFIG, "spacy", overrides, limit)
     engines = dict(zip(ENGINES, (_ner_alone(ex), ex), strict=True))
     folds: list[dict[str, Any]] = []
     for i, ((_, patients, gold), model) in enumerate(zip(outer, models, strict=True)):

@@ -110,24 +110,35 @@ def provenance(script: str, args: Sequence[str]) -> dict[str, str]:
     }
 
 
-def measure(
-    config: str, bars: Sequence[float | None], overrides: Sequence[str] = (), limit: int | None = None
-) -> dict[str, Any]:
+def frozen_fold_models(
+    config: str, kind: str, overrides: Sequence[str] = (), limit: int | None = None
+) -> tuple[Any, Any, list[Any], list[str], float]:
+    """``config``'s engine with its rules frozen (no in-fold selection), its PhysioNet patient folds and their NERs
+    (trained, or taken from ``.cache/ner`` under ``ctrlgen extract-report``'s keys): (the config, its extraction
+    config, each fold's (training job, patients, held-out notes), the fold models' directories, training seconds)."""
     from ctrlgen.config import PhysionetCorpusConfig, load_config
     from ctrlgen.corpora import load_corpus
     from ctrlgen.extract.crossval import _fold_jobs, train_cached
-    from ctrlgen.extract.report import NER_CACHE, _ner_alone, rules_digest
+    from ctrlgen.extract.report import NER_CACHE
 
     cfg = load_config(str(ROOT / config), list(overrides))
     ex = cfg.extraction.model_copy(update={"setting": "unknown"})
     ex = ex.model_copy(update={"rule_tuning": ex.rule_tuning.model_copy(update={"enabled": False})})
-    if ex.ner_training.kind != "transformer":
-        raise SystemExit(f"{config}: extraction.ner_training.kind is not transformer")
+    if ex.ner_training.kind != kind:
+        raise SystemExit(f"{config}: extraction.ner_training.kind is not {kind}")
     docs = load_corpus(PhysionetCorpusConfig(path=str(PHYSIONET), identifiers="direct+quasi", limit=limit))[0]
     t0 = time.perf_counter()
     outer = _fold_jobs(docs, ex.ner_training.folds, ex, ROOT / NER_CACHE, cfg.nlp.spacy_model, "physionet-deid")
     models = train_cached([job for job, _, _ in outer], ex.ner_training.workers)
-    train_s = time.perf_counter() - t0
+    return cfg, ex, outer, models, time.perf_counter() - t0
+
+
+def measure(
+    config: str, bars: Sequence[float | None], overrides: Sequence[str] = (), limit: int | None = None
+) -> dict[str, Any]:
+    from ctrlgen.extract.report import _ner_alone, rules_digest
+
+    cfg, ex, outer, models, train_s = frozen_fold_models(config, "transformer", overrides, limit)
     engines = {"NER alone": _ner_alone(ex), "NER + rules": ex}
     folds: list[dict[str, Any]] = []
     for i, ((_, patients, gold), model) in enumerate(zip(outer, models, strict=True)):

@@ -65,6 +65,10 @@ TITLE_S = "Entity extraction: the transformer span filter, inner taggers trained
 BARS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)
 C = 0.5  # the logistic regression's inverse L2 strength (fixed before any run)
 CLASSIFIERS = ("logistic regression", "gradient-boosted trees")
+#: a spaCy engine's run adds these: the same classifiers with the NER's beam probabilities among the features
+#: (added 2026-12-02, after the runs above on the same folds: third and fourth tries on the same held-out notes)
+BEAM = " + NER beam"
+CLASSIFIERS_SPACY = (*CLASSIFIERS, *(c + BEAM for c in CLASSIFIERS))
 _WORD = re.compile(r"[A-Za-z]+|\d+|[^\sA-Za-z\d]")
 
 
@@ -84,8 +88,13 @@ def _shape(s: str) -> str:
     return "Title" if words and all(w[0].isupper() for w in words) else "mixed"
 
 
-def span_features(text: str, ents: Sequence[Any], raw: Sequence[tuple[str, Any]]) -> list[dict[str, float]]:
-    """Features of each output span of one note (``ents``), from the note and the recognizers' results ``raw``."""
+def span_features(
+    text: str, ents: Sequence[Any], raw: Sequence[tuple[str, Any]], beam: Sequence[tuple[int, int, str, float]] | None
+) -> list[dict[str, float]]:
+    """Features of each output span of one note (``ents``), from the note and the recognizers' results ``raw``; with
+    ``beam`` (the spaCy NER's entities over a beam: start, end, label, probability), the highest probability of an
+    entity overlapping the span, of any label and of the span's category (``beam_*``: only the classifiers whose
+    name says ``NER beam`` use them)."""
     letters = [c for c in text if c.isalpha()]
     upper = sum(c.isupper() for c in letters) / max(1, len(letters))
     counts: dict[str, int] = {}
@@ -110,6 +119,10 @@ def span_features(text: str, ents: Sequence[Any], raw: Sequence[tuple[str, Any]]
             "log_mentions": math.log1p(counts[s.lower()] - 1),
             "line_start": float(e.start == 0 or text[e.start - 1] == "\n"),
         }
+        if beam is not None:
+            near = [(lab, p) for s0, e0, lab, p in beam if s0 < e.end and e.start < e0]
+            f["beam_p"] = max((p for _, p in near), default=0.0)
+            f["beam_p_cat"] = max((p for lab, p in near if lab == e.category), default=0.0)
         for n in {n for n, _ in over}:
             f[f"by={n}"] = 1.0
             f[f"cat|by={e.category}|{n}"] = 1.0
@@ -136,8 +149,11 @@ class Spans:
             for e in es
         ]
 
-    def flat(self) -> list[dict[str, float]]:
-        return [f for fs in self.feats for f in fs]
+    def flat(self, name: str = BEAM) -> list[dict[str, float]]:
+        """Every span's features, as classifier ``name`` sees them (the ``beam_*`` ones only with ``NER beam``)."""
+        if BEAM in name:
+            return [f for fs in self.feats for f in fs]
+        return [{k: v for k, v in f.items() if not k.startswith("beam_")} for fs in self.feats for f in fs]
 
     def documents(self) -> list[Any]:
         """The notes with the engine's entities (no filter)."""
@@ -146,14 +162,38 @@ class Spans:
         return [Document(d.doc_id, d.text, d.metadata, es) for d, es in zip(self.gold, self.ents, strict=True)]
 
 
-def engine_spans(ext: Any, cfg: Any, gold: Sequence[Any]) -> Spans:
-    """Run the engine on ``gold``'s texts once: its entities (as ``ext(gold)`` gives them) and their features."""
+def engine_spans(
+    ext: Any, cfg: Any, gold: Sequence[Any], beams: Sequence[Sequence[tuple[int, int, str, float]]] | None = None
+) -> Spans:
+    """Run the engine on ``gold``'s texts once: its entities (as ``ext(gold)`` gives them) and their features
+    (``beams``: per note, the spaCy NER's entities over a beam, :func:`beam_entities`)."""
     from ctrlgen.extract.rules import analysis_under
 
     raw = ext.recognizer_results([d.text for d in gold])
     ents = [ext.finish(d.text, analysis_under(r, cfg), cfg) for d, r in zip(gold, raw, strict=True)]
-    feats = [span_features(d.text, es, r) for d, es, r in zip(gold, ents, raw, strict=True)]
+    per = beams if beams is not None else [None] * len(gold)
+    feats = [span_features(d.text, es, r, b) for d, es, r, b in zip(gold, ents, raw, per, strict=True)]
     return Spans(list(gold), ents, feats)
+
+
+def beam_entities(model: str, texts: Sequence[str]) -> list[list[tuple[int, int, str, float]]]:
+    """Per text, the entities of spaCy NER ``model`` over a beam (ctrlgen's width and density, as
+    ``extraction.ner_beam_bar`` decodes): character start, end, label, probability. The engine itself decodes as
+    configured; this is a second pass for the features."""
+    from spacy.util import minibatch
+
+    from ctrlgen.extract.ner import BEAM_DENSITY, BEAM_WIDTH, scored_entities
+    from ctrlgen.extract.presidio import load_ner
+
+    nlp = load_ner(model)
+    ner = nlp.get_pipe("ner")
+    ner.cfg.update(beam_width=BEAM_WIDTH, beam_density=BEAM_DENSITY)
+    out = []
+    for batch in minibatch(texts, size=64):
+        docs = [nlp.make_doc(t) for t in batch]
+        for doc, scored in zip(docs, scored_entities(ner, docs), strict=True):
+            out.append([(doc[a].idx, doc[b - 1].idx + len(doc[b - 1]), lab, p) for (a, b, lab), p in scored.items()])
+    return out
 
 
 def _classifier(name: str) -> Any:
@@ -163,7 +203,7 @@ def _classifier(name: str) -> Any:
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
 
-    if name == "logistic regression":
+    if name.startswith("logistic regression"):
         return make_pipeline(DictVectorizer(), LogisticRegression(C=C, max_iter=2000))
     return make_pipeline(
         DictVectorizer(sparse=False), HistGradientBoostingClassifier(max_iter=200, learning_rate=0.05, random_state=0)
@@ -171,9 +211,9 @@ def _classifier(name: str) -> Any:
 
 
 def _fit(parts: Sequence[Spans], name: str) -> Any:
-    x = [f for p in parts for f in p.flat()]
+    x = [f for p in parts for f in p.flat(name)]
     y = [v for p in parts for v in p.labels()]
-    if name != "logistic regression":  # trees on dense input: features seen fewer than 5 times are dropped
+    if not name.startswith("logistic regression"):  # trees on dense input: features seen fewer than 5 times dropped
         seen: dict[str, int] = {}
         for f in x:
             for key in f:
@@ -182,8 +222,8 @@ def _fit(parts: Sequence[Spans], name: str) -> Any:
     return _classifier(name).fit(x, y)
 
 
-def _probs(model: Any, spans: Spans) -> list[list[float]]:
-    flat = spans.flat()
+def _probs(model: Any, spans: Spans, name: str) -> list[list[float]]:
+    flat = spans.flat(name)
     p = list(model.predict_proba(flat)[:, 1]) if flat else []
     out, i = [], 0
     for es in spans.ents:
@@ -218,20 +258,22 @@ def _counts(gold: Sequence[Any], pred: Sequence[Any]) -> dict[str, Any]:
     return out
 
 
-def _decoding(parts: Sequence[Spans], test: Spans, held: Sequence[Any], beta: float, label: str) -> dict[str, Any]:
+def _decoding(
+    parts: Sequence[Spans], test: Spans, held: Sequence[Any], beta: float, label: str, names: Sequence[str]
+) -> dict[str, Any]:
     """One engine's output (training spans ``parts`` of the inner folds, held-out spans ``test``) filtered by each
-    classifier at the bar chosen on ``parts`` by cross-fitting; the counts for the JSON."""
+    classifier of ``names`` at the bar chosen on ``parts`` by cross-fitting; the counts for the JSON."""
     from ctrlgen.extract.quality import span_scores
     from ctrlgen.extract.rules import f_beta
 
     t1 = time.perf_counter()
     gold_in = [d for p in parts for d in p.gold]
     out: dict[str, Any] = {
-        "training_spans": sum(len(p.flat()) for p in parts), "engine": _counts(held, test.documents()), "by": {},
+        "training_spans": sum(len(es) for p in parts for es in p.ents), "engine": _counts(held, test.documents()), "by": {},
     }  # fmt: skip
-    for name in CLASSIFIERS:
+    for name in names:
         curve = []
-        oof = [_probs(_fit([q for m, q in enumerate(parts) if m != j], name), p) for j, p in enumerate(parts)]
+        oof = [_probs(_fit([q for m, q in enumerate(parts) if m != j], name), p, name) for j, p in enumerate(parts)]
         for bar in BARS:
             pred = [d for p, pr in zip(parts, oof, strict=True) for d in _filtered(p, pr, bar)]
             a = span_scores(gold_in, pred)["ALL"]
@@ -239,7 +281,7 @@ def _decoding(parts: Sequence[Spans], test: Spans, held: Sequence[Any], beta: fl
                           "f_beta": f_beta(a.precision, a.recall, beta)})  # fmt: skip
         best = max(c["f_beta"] for c in curve)
         bar = min(c["bar"] for c in curve if c["f_beta"] >= best - 1e-12)
-        probs = _probs(_fit(parts, name), test)
+        probs = _probs(_fit(parts, name), test, name)
         out["by"][name] = {"bar": bar, "curve": curve, "filtered": _counts(held, _filtered(test, probs, bar))}
         print(f"[span_filter] {label}, {name}: bar {bar:g} chosen on {len(gold_in)} training notes "
               f"({time.perf_counter() - t1:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
@@ -311,7 +353,7 @@ def measure(
         run = ex.model_copy(update={"ner_model": model})
         ext = PresidioExtractor(run, spacy_model, "direct+quasi")
         if ext.transformer_tagger is None:
-            return {bars[0]: engine_spans(ext, run, gold)}
+            return {bars[0]: engine_spans(ext, run, gold, beam_entities(model, [d.text for d in gold]))}
         _cached(ext.transformer_tagger, {})
         out = {}
         for bar in bars:
@@ -328,8 +370,11 @@ def measure(
             "fold": i + 1, "patients": len(patients), "notes": len(held),
             "training_notes": sum(len(p[bars[0]].gold) for p in parts),
         }  # fmt: skip
+        names = CLASSIFIERS_SPACY if how.kind == "spacy" else CLASSIFIERS
         by_bar = {
-            _bar_name(b): _decoding([p[b] for p in parts], test[b], held, beta, f"fold {i + 1}, NER bar {_bar_name(b)}")
+            _bar_name(b): _decoding(
+                [p[b] for p in parts], test[b], held, beta, f"fold {i + 1}, NER bar {_bar_name(b)}", names
+            )
             for b in bars
         }
         if ner_bars is None:
@@ -385,6 +430,15 @@ def _filter_cells(engine: dict[str, Any], by: dict[str, Any], beta: float | None
             f"{_pct(cb['precision'])}{f} | {_pct(e[0])} / {_pct(e[1])} -> {_pct(q[0])} / {_pct(q[1])}")  # fmt: skip
 
 
+def _beam_text(names: Sequence[str]) -> str:
+    if not any(BEAM in n for n in names):
+        return ""
+    return (f" The classifiers \"{BEAM.strip(' +')}\" (added 2026-12-02, after those runs: the third and fourth tries on "
+            "the same held-out notes) see the same features and, for each span, the highest probability of an "
+            "overlapping entity of the spaCy NER decoded by a beam (16 parses, as `extraction.ner_beam_bar`; of any "
+            "label, and of the span's category); the engine itself decodes greedily, as configured.")  # fmt: skip
+
+
 def report(r: dict[str, Any]) -> str:
     k, folds = len(r["folds"]), r["folds"]
     names = list(folds[0]["by"])
@@ -412,8 +466,8 @@ def report(r: dict[str, Any]) -> str:
         f"is fit on the fold's training notes as the inner 3-fold CV's NERs extract them, its bar on P(correct) chosen "
         f"there by cross-fitting over the inner folds (best F-beta, beta {r['beta']:g}), then applied to the fold's "
         f"held-out notes as the outer fold model extracts them: no held-out note trains or chooses anything. The "
-        f"trees were added after a first run of the regression alone (the same regression figures as here): a second "
-        f"classifier tried on the same held-out notes, so their row is one of two tries.",
+        f"trees were added after a first run of the regression alone on the same folds (2026-11-29): a second "
+        f"classifier tried on the same held-out notes, so their row is one of two tries.{_beam_text(names)}",
         "",
         f"Pooled over the {k} folds' held-out notes (targets, issue 41: recall >= 98.5%, precision >= 85%):",
         "",

@@ -43,6 +43,7 @@ __all__ = [
     "numpy_above_avx2",
     "patient_folds",
     "pinned_blas_env",
+    "scored_entities",
     "spacy_examples",
     "train_ner",
 ]
@@ -454,11 +455,17 @@ class _BeamNer:
         from spacy.util import minibatch
 
         for batch in minibatch(docs, size=batch_size):
-            full = [d for d in batch if len(d)]  # spaCy's predict returns no beams for a batch of empty docs
-            scored = self.ner.scored_ents(self.ner.predict(full)) if full else []
-            for doc, ents in zip(full, scored, strict=True):
+            for doc, ents in zip(batch, scored_entities(self.ner, batch), strict=True):
                 doc.ents = entities_over_bar(doc, ents, self.bar)
             yield from batch
+
+
+def scored_entities(ner: Any, docs: Sequence[Any]) -> list[dict[tuple[int, int, str], float]]:
+    """Per doc, ``(start token, end token, label) -> probability`` over ``ner``'s beam (its ``cfg``'s beam width
+    and density; :data:`BEAM_WIDTH` and :data:`BEAM_DENSITY` under :func:`beam_decoding`); an empty doc: none."""
+    full = [d for d in docs if len(d)]  # spaCy's predict returns no beams for a batch of empty docs
+    scored = iter(ner.scored_ents(ner.predict(full)) if full else [])
+    return [next(scored) if len(d) else {} for d in docs]
 
 
 def entities_over_bar(doc: Any, scored: dict[tuple[int, int, str], float], bar: float) -> list[Any]:
