@@ -358,7 +358,8 @@ class ExtractionConfig(_Model):
         None,
         gt=0.0,
         le=1.0,
-        description="A spaCy NER's decoding: None, greedy (each step's most probable transition, as it trains); a "
+        description="A trained spaCy NER's decoding (extraction.ner_model; the general spaCy NER always runs "
+        "greedily): None, greedy (each step's most probable transition, as it trains); a "
         "number, beam search (16 parses) and every entity whose probability over the beam is at least it, the more "
         "probable first where two overlap (lower: more recall, less precision; docs/benchmarks.md, the spaCy NER's "
         "beam bar).",

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctrlgen.errors import CtrlgenError
+from ctrlgen.errors import ConfigError, CtrlgenError
 from ctrlgen.schema import Document
 
 __all__ = [
@@ -431,7 +431,7 @@ def beam_decoding(nlp: Any, bar: float) -> Any:
     from spacy.language import Language
 
     if not 0.0 < bar <= 1.0:
-        raise ValueError(f"extraction.ner_beam_bar must be in (0, 1], got {bar}")
+        raise ConfigError(f"extraction.ner_beam_bar must be in (0, 1], got {bar}")
     if "ner" not in nlp.pipe_names:
         raise CtrlgenError("beam decoding needs a pipeline with a spaCy 'ner' component (not a transformer tagger)")
     if not Language.has_factory(BEAM_COMPONENT):
