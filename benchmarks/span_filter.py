@@ -149,7 +149,7 @@ class Spans:
             for e in es
         ]
 
-    def flat(self, name: str = BEAM) -> list[dict[str, float]]:
+    def flat(self, name: str) -> list[dict[str, float]]:
         """Every span's features, as classifier ``name`` sees them (the ``beam_*`` ones only with ``NER beam``)."""
         if BEAM in name:
             return [f for fs in self.feats for f in fs]
