@@ -354,6 +354,12 @@ class ExtractionConfig(_Model):
         "piece whose probability of being outside every entity is below it takes its most probable entity tag "
         "(higher: more recall, less precision).",
     )
+    ner_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="A transformer NER's number format at inference (it trains in float32 either way): float32 as "
+        "trained; bfloat16, the encoder under bf16 autocast (on the CPU fast only with AVX-512 BF16 or AMX; on a "
+        "GPU too). Its spans are not exactly float32's (docs/benchmarks.md, the transformer NER's number format).",
+    )
     ner_beam_bar: float | None = Field(
         None,
         gt=0.0,

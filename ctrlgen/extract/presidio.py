@@ -177,6 +177,7 @@ def _nlp_engine(
     ner_model: str | None = None,
     o_threshold: float | None = None,
     beam_bar: float | None = None,
+    dtype: str = "float32",
 ) -> Any:
     from presidio_analyzer.nlp_engine import NerModelConfiguration, SpacyNlpEngine
 
@@ -195,17 +196,20 @@ def _nlp_engine(
     )
     # Load the pipeline ourselves: SpacyNlpEngine.load() would try to download a missing one.
     if ner_model:
-        engine.nlp = {"en": load_ner(ner_model, o_threshold, beam_bar)}
+        engine.nlp = {"en": load_ner(ner_model, o_threshold, beam_bar, dtype)}
     else:
         engine.nlp = {"en": load_spacy(spacy_model, disable=list(disable))}
     return engine
 
 
-def load_ner(path: str, o_threshold: float | None = None, beam_bar: float | None = None) -> Any:
+def load_ner(
+    path: str, o_threshold: float | None = None, beam_bar: float | None = None, dtype: str = "float32"
+) -> Any:
     """A ``ctrlgen train-ner`` pipeline (tokenizer + ner), with a clear error when it is missing.
 
-    ``o_threshold``: a transformer tagger's bar on P(O); ``beam_bar``: a spaCy NER's bar on its entities'
-    probability over a beam (:func:`~ctrlgen.extract.ner.beam_decoding`); each only for its kind of model."""
+    ``o_threshold``: a transformer tagger's bar on P(O); ``dtype``: its number format at inference; ``beam_bar``:
+    a spaCy NER's bar on its entities' probability over a beam (:func:`~ctrlgen.extract.ner.beam_decoding`); each
+    only for its kind of model."""
     from pathlib import Path
 
     from ctrlgen.extract.ner import META_FILE
@@ -223,7 +227,9 @@ def load_ner(path: str, o_threshold: float | None = None, beam_bar: float | None
         if beam_bar is not None:
             raise ConfigError(f"extraction.ner_beam_bar is for a spaCy NER; {path} is a transformer tagger "
                               "(its bar: extraction.ner_o_threshold)")  # fmt: skip
-        return load_pipeline(p, o_threshold=o_threshold)
+        return load_pipeline(p, o_threshold=o_threshold, dtype=dtype)
+    if dtype != "float32":
+        raise ConfigError(f"extraction.ner_dtype is for a transformer tagger; {path} is a spaCy NER (float32 only)")
     if o_threshold is not None:
         raise ConfigError(f"extraction.ner_o_threshold is for a transformer tagger; {path} is a spaCy NER "
                           "(its bar: extraction.ner_beam_bar)")  # fmt: skip
@@ -609,7 +615,7 @@ class PresidioExtractor:
         # Without the lemmatizer, lemmas and Presidio's lemma-based context step have nothing to work on.
         ner_only = "lemmatizer" in cfg.spacy_disable
         self._engine = _nlp_engine(spacy_model, cfg.spacy_disable, ner_only or bool(cfg.ner_model), cfg.ner_model,
-                                   cfg.ner_o_threshold, cfg.ner_beam_bar)  # fmt: skip
+                                   cfg.ner_o_threshold, cfg.ner_beam_bar, cfg.ner_dtype)  # fmt: skip
         registry = RecognizerRegistry(supported_languages=["en"])
         # read once: DictionaryRecognizer's names and places, and the common words propagation skips
         needed = "DictionaryRecognizer" in cfg.recognizers or cfg.propagate_mentions

@@ -44,6 +44,7 @@ __all__ = [
     "CASES",
     "CASE_FILE",
     "COMPONENT",
+    "DTYPES",
     "TransformerTagger",
     "Window",
     "case_ids",
@@ -60,6 +61,9 @@ COMPONENT = "ctrlgen_transformer_ner"
 _IGNORE = -100  # the cross-entropy's ignore index: special tokens and padding
 #: Word shapes of :func:`case_ids` (``special``: [CLS], [SEP], padding)
 CASES: tuple[str, ...] = ("special", "lower", "title", "upper", "capital", "digit", "other")
+#: A tagger's number formats at inference (:class:`TransformerTagger`'s ``dtype``, extraction.ner_dtype). No int8:
+#: torch's dynamic quantization (``torch.ao``) is deprecated for removal as of torch 2.13.
+DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 #: The case embedding of a tagger trained with ``case_features`` (safetensors, one tensor ``weight``)
 CASE_FILE = "ctrlgen_case_embedding.safetensors"
 
@@ -209,10 +213,20 @@ class TransformerTagger:
     """
 
     def __init__(
-        self, path: str | Path, batch_size: int = 32, device: str | None = None, o_threshold: float | None = None
+        self,
+        path: str | Path,
+        batch_size: int = 32,
+        device: str | None = None,
+        o_threshold: float | None = None,
+        dtype: str = "float32",
     ) -> None:
         from ctrlgen.assets import offline_env
 
+        if dtype not in DTYPES:
+            raise CtrlgenError(f"a transformer NER's dtype (extraction.ner_dtype) is one of {', '.join(DTYPES)}, "
+                               f"not {dtype!r}")  # fmt: skip
+        #: the number format at inference (extraction.ner_dtype): float32 as trained, or bfloat16 (autocast)
+        self.dtype = dtype
         offline_env()
         import torch
         from transformers import AutoModelForTokenClassification, AutoTokenizer
@@ -251,7 +265,8 @@ class TransformerTagger:
         order = sorted(range(len(wins)), key=lambda i: len(wins[i].ids))
         logp: list[Any] = [None] * len(wins)
         pad = self.tokenizer.pad_token_id or 0
-        with torch.inference_mode():
+        autocast = torch.autocast(self.device.split(":")[0], torch.bfloat16, enabled=self.dtype == "bfloat16")
+        with torch.inference_mode(), autocast:
             for i in range(0, len(order), self.batch_size):
                 batch = [wins[j] for j in order[i : i + self.batch_size]]
                 ids, mask = _pad([w.ids for w in batch], pad)
@@ -439,9 +454,13 @@ def _register() -> None:
     if Language.has_factory(COMPONENT):
         return
 
-    @Language.factory(COMPONENT, default_config={"path": "", "batch_size": 32, "o_threshold": None})
-    def _make(nlp: Any, name: str, path: str, batch_size: int, o_threshold: float | None) -> _SpacyComponent:
-        return _SpacyComponent(TransformerTagger(path, batch_size=batch_size, o_threshold=o_threshold))
+    @Language.factory(
+        COMPONENT, default_config={"path": "", "batch_size": 32, "o_threshold": None, "dtype": "float32"}
+    )
+    def _make(
+        nlp: Any, name: str, path: str, batch_size: int, o_threshold: float | None, dtype: str
+    ) -> _SpacyComponent:
+        return _SpacyComponent(TransformerTagger(path, batch_size=batch_size, o_threshold=o_threshold, dtype=dtype))
 
 
 class _SpacyComponent:
@@ -463,11 +482,15 @@ class _SpacyComponent:
                 yield doc
 
 
-def load_pipeline(path: str | Path, batch_size: int = 32, o_threshold: float | None = None) -> Any:
+def load_pipeline(
+    path: str | Path, batch_size: int = 32, o_threshold: float | None = None, dtype: str = "float32"
+) -> Any:
     """The trained tagger at ``path`` as a spaCy pipeline: English tokenizer + :data:`COMPONENT`."""
     import spacy
 
     _register()
     nlp = spacy.blank("en")
-    nlp.add_pipe(COMPONENT, config={"path": str(path), "batch_size": batch_size, "o_threshold": o_threshold})
+    nlp.add_pipe(
+        COMPONENT, config={"path": str(path), "batch_size": batch_size, "o_threshold": o_threshold, "dtype": dtype}
+    )
     return nlp

@@ -272,6 +272,8 @@ def test_beam_decoding_proposes_entities_over_its_bar(small_ner, shared) -> None
     assert sum(map(len, found)) > 0 and found[-1] == []
     with pytest.raises(ConfigError, match="ner_o_threshold is for a transformer tagger"):
         load_ner(str(small_ner), o_threshold=0.9)
+    with pytest.raises(ConfigError, match="ner_dtype is for a transformer tagger"):
+        load_ner(str(small_ner), dtype="bfloat16")
 
 
 def test_a_missing_ner_model_is_a_clear_error(tmp_path) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from ctrlgen.assets import sentence_encoder_dir
 from ctrlgen.config import ExtractionConfig, NerTrainingConfig
+from ctrlgen.errors import CtrlgenError
 from ctrlgen.extract.crossval import ner_model_dir
 from ctrlgen.extract.ner import META_FILE
 from ctrlgen.extract.transformer_ner import (
@@ -141,6 +142,29 @@ def test_the_tagger_drives_the_presidio_engine_as_its_ner(trained) -> None:
     tagger.o_threshold = 1.0
     (wide,) = ext.extract_texts(["Pt seen today. Spoke with Dan Brown about the plan. Vitals stable overnight."])
     assert len(wide) > len(ents) or sum(e.end - e.start for e in wide) > sum(e.end - e.start for e in ents)
+
+
+def test_the_tagger_runs_in_bfloat16_and_refuses_an_unknown_format(trained) -> None:
+    from ctrlgen.extract.presidio import PresidioExtractor
+
+    text = "Pt seen today. Spoke with Carol White about the plan. Vitals stable overnight."
+    base = TransformerTagger(trained, device="cpu")
+    (want,) = base([text])
+    (pieces32,) = base.piece_logprobs([text])
+    tagger = TransformerTagger(trained, device="cpu", dtype="bfloat16")
+    (pieces,) = tagger.piece_logprobs([text])
+    assert pieces[0] == pieces32[0]  # the same word pieces; their log-probabilities near float32's, not equal
+    diff = (pieces[1] - pieces32[1]).abs().max().item()
+    assert 0 < diff < 0.5, diff
+    assert [(text[s:e], c) for s, e, c, _ in tagger([text])[0]] == [(text[s:e], c) for s, e, c, _ in want]
+    with pytest.raises(CtrlgenError, match="one of float32, bfloat16, not 'int8'"):
+        TransformerTagger(trained, device="cpu", dtype="int8")
+    # the engine's config reaches its tagger
+    ext = PresidioExtractor(ExtractionConfig(setting="unknown", ner_model=trained, recognizers=["SpacyRecognizer"],
+                                             ner_dtype="bfloat16"))  # fmt: skip
+    assert ext.transformer_tagger is not None and ext.transformer_tagger.dtype == "bfloat16"
+    (ents,) = ext.extract_texts(["Pt seen today. Spoke with Dan Brown about the plan. Vitals stable overnight."])
+    assert [(e.text, e.category) for e in ents] == [("Dan Brown", "PERSON")]
 
 
 def test_word_shapes_come_from_the_note_as_written(tokenizer) -> None:
