@@ -38,14 +38,22 @@ TITLE = "Entity extraction: word-shape features for the uncased transformer NER"
 VARIANTS = {"uncased (the config)": [], "case features": ["extraction.ner_training.case_features=true"]}
 
 
-def measure(folds: list[int], bars: list[float | None], overrides: list[str]) -> dict[str, Any]:
+def measure(
+    folds: list[int],
+    bars: list[float | None],
+    overrides: list[str],
+    variants: dict[str, list[str]] = VARIANTS,
+    script: str = "ner_casing.py",
+) -> dict[str, Any]:
+    """Each variant's tagger (the config with its overrides) trained on each fold's other patients, side by side,
+    and scored on the fold's held-out notes (NER alone, NER + the frozen rules) at each bar."""
     from ctrlgen.config import PhysionetCorpusConfig, load_config
     from ctrlgen.corpora import load_corpus
     from ctrlgen.extract.crossval import _fold_jobs, train_cached
     from ctrlgen.extract.report import NER_CACHE, _ner_alone, rules_digest
 
     exs = {}
-    for name, extra in VARIANTS.items():
+    for name, extra in variants.items():
         cfg = load_config(str(ROOT / CONFIG), [*overrides, *extra])
         ex = cfg.extraction.model_copy(update={"setting": "unknown"})
         exs[name] = ex.model_copy(update={"rule_tuning": ex.rule_tuning.model_copy(update={"enabled": False})})
@@ -56,7 +64,7 @@ def measure(folds: list[int], bars: list[float | None], overrides: list[str]) ->
         name: _fold_jobs(docs, ex.ner_training.folds, ex, ROOT / NER_CACHE, spacy_model, "physionet-deid")
         for name, ex in exs.items()
     }
-    jobs = [(name, f) for f in folds for name in VARIANTS]
+    jobs = [(name, f) for f in folds for name in variants]
     t0 = time.perf_counter()
     trained = train_cached([outer[name][f - 1][0] for name, f in jobs], workers)
     train_s = time.perf_counter() - t0
@@ -75,7 +83,7 @@ def measure(folds: list[int], bars: list[float | None], overrides: list[str]) ->
             per_fold.append(fold)
         result[name] = per_fold
     return {
-        **provenance("ner_casing.py", [*(["--folds", ",".join(map(str, folds))] if folds != [1] else []), *overrides]),
+        **provenance(script, [*(["--folds", ",".join(map(str, folds))] if folds != [1] else []), *overrides]),
         "config": CONFIG,
         "rules_digest": rules_digest(),
         "folds": folds,

@@ -274,6 +274,12 @@ class NerTrainingConfig(_Model):
         "written (lower, Title, UPPER, a capital, digits, other) to its input embedding: the MiniLM encoder is "
         "uncased and sees no capitals otherwise.",
     )
+    bf16: bool = Field(
+        False,
+        description="kind transformer: run the forward and backward passes under bf16 autocast (weights, gradients "
+        "and AdamW's state stay float32): faster on CPUs with AVX-512 BF16 or AMX and on GPUs, slower elsewhere; "
+        "not float32's weights (docs/benchmarks.md, the transformer NER trained under bf16 autocast).",
+    )
     folds: int = Field(5, ge=2, description="Patient folds of the extraction report's cross-validation.")
     workers: int = Field(2, ge=1, description="Folds trained in parallel processes.")
     data: CorpusConfig | None = Field(

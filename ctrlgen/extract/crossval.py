@@ -65,11 +65,13 @@ def ner_model_dir(cache: Path, docs: Sequence[Document], how: NerTrainingConfig,
     # a fine-tuned base NER keeps the key it had before width / depth existed
     skip = {"folds", "workers", "data"} | ({"width", "depth"} if how.width is None else set())
     if how.kind == "spacy":  # a spaCy NER keeps the key it had before the transformer's settings existed
-        skip |= {"kind", "encoder", "learning_rate", "batch_size", "max_length", "stride", "case_features"}
+        skip |= {"kind", "encoder", "learning_rate", "batch_size", "max_length", "stride", "case_features", "bf16"}
     else:
         skip |= {"dropout", "width", "depth", "average_params"}
         if not how.case_features:  # a tagger without them keeps the key it had before they existed
             skip.add("case_features")
+        if not how.bf16:  # nor does a float32 training change its key
+            skip.add("bf16")
     key: list[Any] = [sorted(d.doc_id for d in docs), how.model_dump(exclude=skip), base_model]
     if how.kind == "spacy":  # a model trained on other kernels (BLIS's per-CPU choice) is not this one
         key.append(NUMERICS)
@@ -87,7 +89,7 @@ def _train(job: TrainJob) -> NerTrainResult:
             job.docs, job.out, h.encoder, h.epochs, h.seed, h.learning_rate, h.batch_size, h.max_length, h.stride,
             h.negatives, pools, h.augment_share, job.trained_on,
             log=lambda m: print(f"train-ner [{tag}]: {m}", file=sys.stderr, flush=True), threads=job.threads,
-            case_features=h.case_features,
+            case_features=h.case_features, bf16=h.bf16,
         )  # fmt: skip
     return train_ner(job.docs, job.out, job.base_model, h.epochs, h.seed, h.dropout, h.negatives, pools,
                      h.augment_share, job.trained_on,

@@ -347,6 +347,7 @@ def train_transformer_ner(
     log: Callable[[str], None] | None = None,
     threads: int = 0,
     case_features: bool = False,
+    bf16: bool = False,
 ) -> NerTrainResult:
     """Fine-tune ``encoder`` for BIO tagging of ``docs``' entities; save the checkpoint to ``out_dir``.
 
@@ -354,6 +355,8 @@ def train_transformer_ner(
     seeded ``negatives`` share of those without; its windows are shuffled into batches of ``batch_size``.
     AdamW, the learning rate warmed up over the first 10% of the updates and decayed linearly to zero,
     gradients clipped at norm 1. ``case_features``: a word-shape embedding (:func:`case_ids`) trained with it.
+    ``bf16``: the forward pass (and so the backward one) under bf16 autocast; the weights, their gradients and the
+    optimizer's state stay float32.
     """
     from ctrlgen.assets import offline_env, sentence_encoder_dir
 
@@ -414,7 +417,8 @@ def train_transformer_ner(
             ids, mask = _pad([r[0] for r in batch], pad)
             labels, _ = _pad([r[1] for r in batch], pad, fill_labels=True)
             cases = _pad([r[2] for r in batch], 0)[0] if case is not None else None
-            loss = _logits(model, case, ids, mask, cases, labels).loss
+            with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+                loss = _logits(model, case, ids, mask, cases, labels).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
@@ -434,7 +438,7 @@ def train_transformer_ner(
     info = dict(trained_on or {}, kind="transformer", encoder=encoder, learning_rate=learning_rate,
                 batch_size=batch_size, max_length=max_length, stride=stride, negatives=negatives,
                 augment_share=augment_share if surrogates else 0.0, updates=updates,
-                torch_threads=torch.get_num_threads(), case_features=case_features,
+                torch_threads=torch.get_num_threads(), case_features=case_features, bf16_autocast=bf16,
                 architecture=f"{model.config.model_type} token classifier, {model.config.num_hidden_layers} layers, "
                              f"hidden {model.config.hidden_size}")  # fmt: skip
     return NerTrainResult.write(out, len(docs), n_spans, epochs, seed, time.perf_counter() - t0, losses_by_epoch, info)

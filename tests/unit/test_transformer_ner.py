@@ -208,6 +208,14 @@ def test_training_is_seeded(tmp_path, tiny_encoder) -> None:
     a = train_transformer_ner(_notes(), tmp_path / "a", tiny_encoder, **kw)
     b = train_transformer_ner(_notes(), tmp_path / "b", tiny_encoder, **kw)
     assert a.weights_sha256 == b.weights_sha256 and a.losses == b.losses
+    # under bf16 autocast: seeded too, float32 weights saved, not float32's training
+    c = train_transformer_ner(_notes(), tmp_path / "c", tiny_encoder, bf16=True, **kw)
+    d = train_transformer_ner(_notes(), tmp_path / "d", tiny_encoder, bf16=True, **kw)
+    assert c.weights_sha256 == d.weights_sha256 and c.weights_sha256 != a.weights_sha256
+    meta = json.loads((tmp_path / "c" / META_FILE).read_text())
+    assert meta["trained_on"]["bf16_autocast"] is True
+    tagger = TransformerTagger(tmp_path / "c", device="cpu")
+    assert {str(p.dtype) for p in tagger.model.parameters()} == {"torch.float32"}
 
 
 def test_cache_keys_of_the_two_kinds() -> None:
@@ -223,6 +231,10 @@ def test_cache_keys_of_the_two_kinds() -> None:
     )
     cased = t.model_copy(update={"case_features": True})
     assert ner_model_dir(Path("c"), docs, cased, "m", "n") != ner_model_dir(Path("c"), docs, t, "m", "n")
+    # bf16 training: its own key; a float32 one keeps the key it had before the setting existed
+    assert ner_model_dir(Path("c"), docs, NerTrainingConfig(bf16=True), "m", "n") == spacy_a
+    half = t.model_copy(update={"bf16": True})
+    assert ner_model_dir(Path("c"), docs, half, "m", "n") != ner_model_dir(Path("c"), docs, t, "m", "n")
     with pytest.raises(ValueError, match="stride"):
         NerTrainingConfig(kind="transformer", max_length=32, stride=30)
 
