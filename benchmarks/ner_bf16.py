@@ -168,7 +168,7 @@ def report(r: dict[str, Any]) -> str:
         f"at most one point lower, the NER alone's recall at most one point lower): **{'yes' if fit(r) else 'no'}**. "
         "The config's tagger stays float32 either way (a whole cross-validation under bf16 is not reported). "
         f"Models (`.cache/ner`): {models}; their training times come from their own runs (other conditions: "
-        "compare the step times above, not them). bf16 is fast only on CPUs with AVX-512 BF16 or AMX (and on GPUs); "
+        "compare the step times above, not them). bf16 training is fast only on CPUs with AVX-512 BF16 or AMX (it runs on the CPU); "
         "a run on another CPU replaces this one (git keeps the earlier ones).",
     ]
     return "\n".join(lines)

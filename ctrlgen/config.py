@@ -277,8 +277,8 @@ class NerTrainingConfig(_Model):
     bf16: bool = Field(
         False,
         description="kind transformer: run the forward and backward passes under bf16 autocast (weights, gradients "
-        "and AdamW's state stay float32): faster on CPUs with AVX-512 BF16 or AMX and on GPUs, slower elsewhere; "
-        "not float32's weights (docs/benchmarks.md, the transformer NER trained under bf16 autocast).",
+        "and AdamW's state stay float32; training runs on the CPU): faster on CPUs with AVX-512 BF16 or AMX, slower "
+        "elsewhere; not float32's weights (docs/benchmarks.md, the transformer NER trained under bf16 autocast).",
     )
     folds: int = Field(5, ge=2, description="Patient folds of the extraction report's cross-validation.")
     workers: int = Field(2, ge=1, description="Folds trained in parallel processes.")
@@ -362,9 +362,10 @@ class ExtractionConfig(_Model):
     )
     ner_dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
-        description="A transformer NER's number format at inference (it trains in float32 either way): float32 as "
-        "trained; bfloat16, the encoder under bf16 autocast (on the CPU fast only with AVX-512 BF16 or AMX; on a "
-        "GPU too). Its spans are not exactly float32's (docs/benchmarks.md, the transformer NER's number format).",
+        description="A transformer NER's number format at inference (its weights are float32 whatever its training, "
+        "ner_training.bf16): float32; bfloat16, the encoder under bf16 autocast (on the CPU fast only with AVX-512 "
+        "BF16 or AMX; on a GPU too). Its spans are not exactly float32's (docs/benchmarks.md, the transformer NER's "
+        "number format).",
     )
     ner_beam_bar: float | None = Field(
         None,
