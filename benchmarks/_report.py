@@ -52,6 +52,21 @@ _INTRO = (
     "section); comparisons are made within one run, as ratios. Machine: 2 CPU cores, 24 GiB, no GPU,\n"
     "unless a section says otherwise. Sections follow the system's stages; each says when it ran.\n"
 )
+
+
+def cpu_name(isa: bool = False) -> str:
+    """The CPU's model name; with ``isa``, its vendor, family and model (one "AMD EPYC" name covers several
+    generations) and the vector extensions that choose torch's kernels."""
+    from ctrlgen.extract.ner import cpu_identity, cpuinfo  # (every benchmark puts the repository on sys.path)
+
+    fields, flags = cpuinfo()
+    name = fields.get("model name", "unknown CPU")
+    if not isa:
+        return name
+    ext = [f for f in ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx512f", "avx2") if f in flags]
+    return f"{name} ({cpu_identity()}; {', '.join(ext) or 'no AVX'})"
+
+
 _SECTION = re.compile(r"^## (.+?)\n.*?(?=^## |\Z)", re.S | re.M)
 
 

@@ -26,8 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from _report import publish  # noqa: E402
-from ner_dtype import _cpu  # noqa: E402
+from _report import cpu_name, publish  # noqa: E402
 from ner_threshold import provenance  # noqa: E402
 
 JSON = ROOT / "docs" / "benchmarks" / "cpu_matmul.json"
@@ -59,7 +58,7 @@ def measure(rounds: int = 5) -> dict[str, Any]:
             row[name] = round(2 * ROWS * n_in * n_out / best / 1e9, 1)
         out.append(row)
         print(f"[cpu_matmul] {row}", file=sys.stderr, flush=True)
-    return {**provenance("cpu_matmul.py", []), "cpu": _cpu(), "torch": torch.__version__, "blas": blas,
+    return {**provenance("cpu_matmul.py", []), "cpu": cpu_name(isa=True), "torch": torch.__version__, "blas": blas,
             "capability": torch.backends.cpu.get_cpu_capability(), "rows": out}  # fmt: skip
 
 

@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from _report import publish  # noqa: E402
-from ner_spacy import _cpu, _fbeta  # noqa: E402
+from _report import cpu_name, publish  # noqa: E402
+from ner_spacy import _fbeta  # noqa: E402
 from ner_threshold import _pct, _pr, _scores, _sum, frozen_fold_models, provenance  # noqa: E402
 
 CONFIG = "configs/extract_physionet_ner.yaml"
@@ -91,7 +91,7 @@ def measure(overrides: Sequence[str] = (), limit: int | None = None) -> dict[str
         "chosen_on_fold": CHOOSE_ON,
         "models": [Path(m).name for m in models],
         "train_seconds": round(train_s, 1),
-        "cpu": _cpu(),
+        "cpu": cpu_name(),
         "folds": folds,
     }
 

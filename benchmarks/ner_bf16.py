@@ -39,9 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from _report import publish  # noqa: E402
+from _report import cpu_name, publish  # noqa: E402
 from ner_casing import measure as measure_variants  # noqa: E402
-from ner_dtype import _cpu  # noqa: E402
 from ner_threshold import CONFIG, PHYSIONET, _pct, _pr, _sum  # noqa: E402
 
 JSON = ROOT / "docs" / "benchmarks" / "ner_bf16.json"
@@ -61,7 +60,7 @@ def step_times(fold: int, steps: int, overrides: list[str]) -> dict[str, Any]:
     from ctrlgen.corpora import load_corpus
     from ctrlgen.extract.crossval import _fold_jobs
     from ctrlgen.extract.report import NER_CACHE
-    from ctrlgen.extract.transformer_ner import BIO, _gold_spans, _pad, token_labels, windows
+    from ctrlgen.extract.transformer_ner import BIO, _gold_spans, optimizer, token_labels, train_step, windows
 
     offline_env()
     cfg = load_config(str(ROOT / CONFIG), overrides)
@@ -72,13 +71,10 @@ def step_times(fold: int, steps: int, overrides: list[str]) -> dict[str, Any]:
     tok = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
     train = [d for d in job.docs if _gold_spans(d)]
     wins = windows(tok, [d.text for d in train], h.max_length, h.stride)
-    rows = [(w.ids, token_labels(w.offsets, _gold_spans(train[w.doc]))) for w in wins][: steps * h.batch_size]
+    # (ids, BIO labels, word shapes): the configured tagger has no word-shape embedding, so no shapes
+    rows = [(w.ids, token_labels(w.offsets, _gold_spans(train[w.doc])), []) for w in wins][: steps * h.batch_size]
+    batches = [rows[i : i + h.batch_size] for i in range(0, len(rows), h.batch_size)]
     pad = tok.pad_token_id or 0
-    batches = []
-    for i in range(0, len(rows), h.batch_size):
-        ids, mask = _pad([r[0] for r in rows[i : i + h.batch_size]], pad)
-        labels, _ = _pad([r[1] for r in rows[i : i + h.batch_size]], pad, fill_labels=True)
-        batches.append((ids, mask, labels))
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model0 = AutoModelForTokenClassification.from_pretrained(str(base), local_files_only=True, num_labels=len(BIO))
@@ -86,15 +82,12 @@ def step_times(fold: int, steps: int, overrides: list[str]) -> dict[str, Any]:
     for _ in range(3):
         for name in times:
             model = copy.deepcopy(model0).train()
-            opt = torch.optim.AdamW(model.parameters(), lr=h.learning_rate)
+            params = list(model.parameters())
+            # train-ner's own optimizer, schedule and step (ctrlgen/extract/transformer_ner.py), padding included
+            opt, sched = optimizer(params, h.learning_rate, len(batches))
             t0 = time.perf_counter()
-            for ids, mask, labels in batches:
-                with torch.autocast("cpu", torch.bfloat16, enabled=name != "float32"):
-                    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+            for batch in batches:
+                train_step(model, None, params, opt, sched, batch, pad, bf16=name != "float32")
             times[name].append((time.perf_counter() - t0) / len(batches))
             print(f"[ner_bf16] {name}: {times[name][-1]:.3f} s/step", file=sys.stderr, flush=True)
     return {"steps": len(batches), "batch_size": h.batch_size, "max_length": h.max_length,
@@ -104,17 +97,21 @@ def step_times(fold: int, steps: int, overrides: list[str]) -> dict[str, Any]:
 def measure(fold: int, steps: int, overrides: list[str]) -> dict[str, Any]:
     import torch
 
+    from ctrlgen.extract.ner import META_FILE
+    from ctrlgen.extract.report import NER_CACHE
+
     timing = step_times(fold, steps, overrides)
     r = measure_variants([fold], [None], overrides, VARIANTS, "ner_bf16.py")
     for per_fold in r["variants"].values():
         for f in per_fold:
-            meta = json.loads((ROOT / ".cache" / "ner" / f["model"] / "ctrlgen_ner.json").read_text())
+            meta = json.loads((ROOT / NER_CACHE / f["model"] / META_FILE).read_text())
             f["train_seconds"], f["train_threads"] = meta.get("seconds"), meta["trained_on"].get("torch_threads")
+            f["train_cpu"] = meta.get("cpu")  # (recorded since 2026-12-03; a tagger trained before says none)
     r["command"] = " ".join(
         [".venv/bin/python benchmarks/ner_bf16.py", *(["--fold", str(fold)] if fold != 1 else []),
          *(["--steps", str(steps)] if steps != 20 else []), *overrides]
     )  # fmt: skip
-    return {**r, "cpu": _cpu(), "torch": torch.__version__, "timing": timing}
+    return {**r, "cpu": cpu_name(isa=True), "torch": torch.__version__, "timing": timing}
 
 
 def _scores(r: dict[str, Any], variant: str, engine: str) -> Any:
@@ -138,7 +135,8 @@ def report(r: dict[str, Any]) -> str:
         f"{r['cpu']}, torch {r['torch']}; the tagger of `{r['config']}`; rules frozen (digest `{r['rules_digest']}`).",
         "",
         f"Training step, one thread, {t['steps']} steps of {t['batch_size']} windows of up to {t['max_length']} word "
-        f"pieces (fold {fold}'s training notes), forward + backward + clipping + AdamW, best of 3 interleaved rounds:",
+        f"pieces (fold {fold}'s training notes), train-ner's own step (`transformer_ner.train_step`: padding, forward, "
+        "backward, clipping, AdamW with its schedule), best of 3 interleaved rounds:",
         "",
         "| training | s / step | rounds (s / step) | vs float32 |",
         "|---|---|---|---|",
@@ -150,12 +148,13 @@ def report(r: dict[str, Any]) -> str:
         f"The taggers of fold {fold} (trained on the other folds' patients), scored on its {notes} held-out notes, "
         "decoded at argmax:",
         "",
-        "| tagger | engine | recall % | precision % | found / gold | predicted | training (min, threads) |",
+        "| tagger | engine | recall % | precision % | found / gold | predicted | training (min, threads, CPU) |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, per_fold in r["variants"].items():
         f = per_fold[0]
         when = "-" if f.get("train_seconds") is None else f"{f['train_seconds'] / 60:.1f}, {f['train_threads']}"
+        when += f", {f['train_cpu']}" if f.get("train_cpu") else ", CPU not recorded" if when != "-" else ""
         for engine in ("NER alone", "NER + rules"):
             s = _scores(r, name, engine)
             rec, prec = _pr(s)

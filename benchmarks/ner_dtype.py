@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from _report import publish  # noqa: E402
+from _report import cpu_name, publish  # noqa: E402
 from ner_threshold import CONFIG, PHYSIONET, _pct, _pr, _scores, _sum, provenance  # noqa: E402
 
 JSON = ROOT / "docs" / "benchmarks" / "ner_dtype.json"
@@ -48,16 +48,6 @@ DTYPES = ("float32", "bfloat16")
 BATCHES = (32, 128)  # extraction.nlp_batch_size: notes per spaCy batch, the tagger's windows sorted within one
 BASE = "float32, batches of 32"  # the config's
 TARGET = 100.0  # notes/s per core, the unknown-setting job's (issue 41, item 3)
-
-
-def _cpu() -> str:
-    fields = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        k, _, v = line.partition(":")
-        fields.setdefault(k.strip(), v.strip())
-    flags = set(fields.get("flags", "").split())
-    isa = [f for f in ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx512f", "avx2") if f in flags]
-    return f"{fields.get('model name', '?')} ({fields.get('vendor_id', '?')}; {', '.join(isa) or 'no AVX'})"
 
 
 def _spans(docs: Any) -> set[tuple[str, int, int, str]]:
@@ -121,7 +111,7 @@ def measure(fold: int, overrides: list[str]) -> dict[str, Any]:
     return {
         **provenance("ner_dtype.py", [*(["--fold", str(fold)] if fold != 1 else []), *overrides]),
         "config": CONFIG,
-        "cpu": _cpu(),
+        "cpu": cpu_name(isa=True),
         "torch": torch.__version__,
         "rules_digest": rules_digest(),
         "fold": fold,

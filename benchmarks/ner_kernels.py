@@ -91,21 +91,15 @@ WEIGHTS = re.compile(r"weights sha256 ([0-9a-f]{64})")
 
 def cpu() -> dict[str, Any]:
     """The CPU's identity (vendor, family, model) and the kernels its libraries pick."""
-    info: dict[str, str] = {}
-    flags: set[str] = set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        k, _, v = line.partition(":")
-        k, v = k.strip(), v.strip()
-        if k in ("vendor_id", "cpu family", "model", "model name") and k not in info:
-            info[k] = v
-        if k == "flags" and not flags:
-            flags = set(v.split())
+    from ctrlgen.extract.ner import cpu_identity, cpuinfo
+
+    info, flags = cpuinfo()
     probe = "import numpy as np, blis.py; a = np.ones((8, 8), dtype='float32'); blis.py.gemm(a, a)"
     out = subprocess.run([PY, "-c", probe], env={**os.environ, "BLIS_ARCH_DEBUG": "1"}, capture_output=True,
                          text=True, check=True)  # fmt: skip
     blis = re.search(r"sub-configuration '(\w+)'", out.stdout + out.stderr)
     return {
-        "key": f"{info.get('vendor_id', '?')} family {info.get('cpu family', '?')} model {info.get('model', '?')}",
+        "key": cpu_identity(),
         "name": info.get("model name", "?"),
         "avx512": "avx512f" in flags,
         "avx2": {"avx2", "fma"} <= flags,

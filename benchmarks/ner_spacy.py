@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from _report import publish  # noqa: E402
+from _report import cpu_name, publish  # noqa: E402
 from ner_threshold import PHYSIONET, _pct, _pr, _scores, _sum, provenance  # noqa: E402
 
 CONFIG = "configs/extract_physionet_ner.yaml"
@@ -118,19 +118,9 @@ def measure(folds: list[int], names: list[str], overrides: list[str]) -> dict[st
         "folds": folds,
         "variants": {name: {"overrides": VARIANTS[name], "folds": result[name]} for name in names},
         "train_seconds": round(train_s, 1),
-        "cpu": _cpu(),
+        "cpu": cpu_name(),
         "blas_threads": 1,
     }
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def choose(r: dict[str, Any]) -> str | None:

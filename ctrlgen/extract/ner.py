@@ -40,6 +40,8 @@ __all__ = [
     "Surrogates",
     "augment",
     "beam_decoding",
+    "cpu_identity",
+    "cpuinfo",
     "numpy_above_avx2",
     "patient_folds",
     "pinned_blas_env",
@@ -180,13 +182,15 @@ class NerTrainResult:
     weights_sha256: str = ""
     #: the BLAS libraries and the kernels they chose for this CPU (threadpoolctl), which the weights depend on
     blas: list[dict[str, Any]] = field(default_factory=list)
+    #: the CPU it trained on (:func:`cpu_identity`): a transformer's torch kernels are chosen per CPU, not pinned
+    cpu: str = ""
 
     @classmethod
     def write(cls, out: Path, documents: int, spans: int, epochs: int, seed: int, seconds: float,
               losses: list[float], trained_on: dict[str, Any]) -> NerTrainResult:  # fmt: skip
-        """The result of a model just saved to ``out``: its digest and BLAS kernels taken, written beside it."""
+        """The result of a model just saved to ``out``: its digest, BLAS kernels and CPU taken, written beside it."""
         res = cls(str(out), documents, spans, epochs, seed, seconds, losses, trained_on, model_digest(out),
-                  blas_kernels())  # fmt: skip
+                  blas_kernels(), cpu_identity())  # fmt: skip
         (out / META_FILE).write_text(json.dumps(asdict(res), indent=2) + "\n", encoding="utf-8")
         return res
 
@@ -221,6 +225,31 @@ def blas_kernels() -> list[dict[str, Any]]:
     return [{k: i.get(k) for k in keys} for i in threadpool_info() if i.get("user_api") == "blas"]
 
 
+def cpuinfo() -> tuple[dict[str, str], set[str]]:
+    """The first processor of /proc/cpuinfo: its fields (``vendor_id``, ``cpu family``, ``model``, ``model name``...)
+    and its flags; empty where the file cannot be read (not Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}, set()
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        k, _, v = line.partition(":")
+        fields.setdefault(k.strip(), v.strip())
+    return fields, set(fields.get("flags", "").split())
+
+
+def cpu_identity() -> str:
+    """The CPU as its kernels are chosen: vendor, family and model ("AuthenticAMD family 25 model 17"), which one
+    marketing name ("AMD EPYC") does not tell apart; with the machine's architecture where /proc/cpuinfo is absent."""
+    import platform
+
+    f, _ = cpuinfo()
+    if not f:
+        return platform.machine() or "unknown CPU"
+    return f"{f.get('vendor_id', '?')} family {f.get('cpu family', '?')} model {f.get('model', '?')}"
+
+
 def pinned_blas_env() -> dict[str, str]:
     """The environment that pins the floating-point kernels a spaCy NER's training can pin on an x86-64 CPU with
     AVX2, read when numpy loads (so training runs in a fresh process started with it:
@@ -244,10 +273,7 @@ def pinned_blas_env() -> dict[str, str]:
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return {}
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return {}
+    flags = cpuinfo()[1]
     if not {"avx2", "fma"} <= flags:
         return {}
     env = {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_NUM_THREADS": "1"}

@@ -64,7 +64,7 @@ def train_configured_ner(
     same = compare_to_recorded(res["trained_on"].get("key", ""), res["weights_sha256"])
     return (f"train-ner: NER trained on {res['documents']} documents ({res['spans']} spans), {res['epochs']} epochs, "
             f"seed {res['seed']}, in {res['seconds']:.0f} s -> {out}; weights sha256 {res['weights_sha256']} "
-            f"({kernels} kernels){'; ' + same if same else ''}")  # fmt: skip
+            f"({kernels} kernels on {res.get('cpu') or 'an unrecorded CPU'}){'; ' + same if same else ''}")  # fmt: skip
 
 
 #: the configured NER's hash on each CPU benchmarks/ner_kernels.py ran on (absent from an installed package)

@@ -138,6 +138,43 @@ def _case_embedding(hidden: int) -> Any:
     return emb
 
 
+def optimizer(params: Sequence[Any], learning_rate: float, updates: int) -> tuple[Any, Any]:
+    """The training's AdamW (weight decay 0.01) and its schedule: warm-up over 10% of ``updates``, linear decay to 0."""
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    opt = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.01)
+    return opt, get_linear_schedule_with_warmup(opt, max(1, updates // 10), updates)
+
+
+def train_step(
+    model: Any,
+    case: Any,
+    params: Sequence[Any],
+    opt: Any,
+    sched: Any,
+    batch: Sequence[tuple[list[int], list[int], list[int]]],
+    pad: int,
+    bf16: bool = False,
+) -> float:
+    """One update on ``batch`` (rows of word-piece ids, BIO labels, word shapes): padded, the forward pass (under
+    bf16 autocast with ``bf16``), backward, gradients clipped at norm 1, the optimizer's and the schedule's step.
+    Returns the batch's mean loss. :func:`train_transformer_ner`'s step, and benchmarks/ner_bf16.py's timed one."""
+    import torch
+
+    ids, mask = _pad([r[0] for r in batch], pad)
+    labels, _ = _pad([r[1] for r in batch], pad, fill_labels=True)
+    cases = _pad([r[2] for r in batch], 0)[0] if case is not None else None
+    with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+        loss = _logits(model, case, ids, mask, cases, labels).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
 def _logits(model: Any, case: Any, ids: Any, mask: Any, cases: Any = None, labels: Any = None) -> Any:
     """The classifier's output for a batch; with a case embedding, added to the pieces' input embeddings."""
     if case is None:
@@ -362,7 +399,7 @@ def train_transformer_ner(
 
     offline_env()
     import torch
-    from transformers import AutoModelForTokenClassification, AutoTokenizer, get_linear_schedule_with_warmup
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
 
     say = log or (lambda m: print(f"train-ner: {m}", file=sys.stderr, flush=True))
     _threads(threads)
@@ -401,8 +438,7 @@ def train_transformer_ner(
         plan.append(rows)
     updates = sum(math.ceil(len(rows) / batch_size) for rows in plan)
     params = list(model.parameters()) + (list(case.parameters()) if case is not None else [])
-    opt = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.01)
-    sched = get_linear_schedule_with_warmup(opt, max(1, updates // 10), updates)
+    opt, sched = optimizer(params, learning_rate, updates)
     pad = tokenizer.pad_token_id or 0
     model.train()
     losses_by_epoch = []
@@ -414,17 +450,7 @@ def train_transformer_ner(
                 last = time.perf_counter()
                 say(f"epoch {epoch + 1}/{epochs}: {i}/{len(rows)} windows ({last - t0:.0f} s)")
             batch = rows[i : i + batch_size]
-            ids, mask = _pad([r[0] for r in batch], pad)
-            labels, _ = _pad([r[1] for r in batch], pad, fill_labels=True)
-            cases = _pad([r[2] for r in batch], 0)[0] if case is not None else None
-            with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
-                loss = _logits(model, case, ids, mask, cases, labels).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            total += float(loss.detach()) * len(batch)
+            total += train_step(model, case, params, opt, sched, batch, pad, bf16) * len(batch)
         losses_by_epoch.append(total)
         say(f"epoch {epoch + 1}/{epochs}: {len(rows)} windows, loss {total:.1f} ({time.perf_counter() - t0:.0f} s)")
     out = Path(out_dir)

@@ -17,6 +17,7 @@ from ctrlgen.extract.ner import (
     NUMERICS,
     Surrogates,
     augment,
+    cpu_identity,
     patient_folds,
     pinned_blas_env,
     spacy_examples,
@@ -202,6 +203,7 @@ def test_train_ner_command_keeps_an_identical_model(tmp_path, shared, capsys) ->
         assert {b["num_threads"] for b in again["blas"] if b["internal_api"] == "openblas"} == {1}  # any core count
         assert set(pinned_blas_env()["NPY_DISABLE_CPU_FEATURES"].split()) >= {"X86_V4"}  # numpy's AVX-512 loops off
     assert again["trained_on"]["ops"] == NUMERICS
+    assert again["cpu"] == cpu_identity() and again["cpu"]  # where it trained, beside its hash (issue 41, item 4)
     assert again["trained_on"]["blas_env_pinned"] is bool(pinned_blas_env())
     assert main([*args, "extraction.ner_training.seed=1"]) == 0  # other settings: trained again
     assert "NER trained on 12 documents" in capsys.readouterr().out

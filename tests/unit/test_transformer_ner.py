@@ -11,7 +11,7 @@ from ctrlgen.assets import sentence_encoder_dir
 from ctrlgen.config import ExtractionConfig, NerTrainingConfig
 from ctrlgen.errors import CtrlgenError
 from ctrlgen.extract.crossval import ner_model_dir
-from ctrlgen.extract.ner import META_FILE
+from ctrlgen.extract.ner import META_FILE, cpu_identity
 from ctrlgen.extract.transformer_ner import (
     BIO,
     CASE_FILE,
@@ -110,6 +110,8 @@ def trained(tmp_path_factory, tiny_encoder) -> str:
 def test_trained_tagger_is_recorded_and_finds_the_names_it_learnt(trained) -> None:
     meta = json.loads((Path(trained) / META_FILE).read_text())
     assert meta["trained_on"]["kind"] == "transformer" and meta["spans"] == 12 and len(meta["weights_sha256"]) == 64
+    # torch picks its kernels per CPU (not pinned for a transformer): the CPU it trained on is recorded
+    assert meta["cpu"] == cpu_identity() and meta["cpu"]
     tagger = TransformerTagger(trained, device="cpu")
     text = "Pt seen today. Spoke with Carol White about the plan. Vitals stable overnight."
     (spans,) = tagger([text])
