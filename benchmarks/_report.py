@@ -30,6 +30,7 @@ ORDER: list[tuple[str, list[str]]] = [
                     "Entity extraction: the transformer NER's number format",
                     "Entity extraction: the transformer NER trained under bf16 autocast",
                     "Entity extraction: the CPU's matrix products (float32 vs bf16)",
+                    "Entity extraction: the transformer tagger on a GPU",
                     "spaCy release and NER speed"]),
     ("Prefix training", ["Prefix tuning: masked vs plain, 1 vs 2 Ray Train workers",
                          "DP-SGD step vs plain prefix-tuning step"]),

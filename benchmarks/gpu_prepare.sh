@@ -6,6 +6,7 @@
 #   .gpu/data/         the PhysioNet notes (2.5 MB; ../shared does not travel)
 #   .gpu/smollm2-arch/ SmolLM2-135M's config and tokenizer (its weights do not fit: the run uses random
 #                      weights of the same shapes, which give the same speed figures)
+#   .gpu/ner-tagger-arch/ the transformer NER's config and tokenizer (random weights there, for its speed)
 # Usage: bash benchmarks/gpu_prepare.sh [--ray]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,7 @@ if [[ "${1:-}" == "--ray" ]]; then
     sed -i '/^ray\/jars\//d' ray-*.dist-info/RECORD && rm "$OLDPWD/$w" && zip -qr "$OLDPWD/$w" .) && rm -rf "$tmp"
 fi
 cp -r ../shared/data/physionet-deid .gpu/data/
+$PY benchmarks/ner_gpu.py --prepare  # the transformer NER's shapes: config + tokenizer (~1 MB)
 src=$($PY -c "from ctrlgen.models import prepare_builtin; print(prepare_builtin())")
 cp "$src"/config.json "$src"/tokenizer.json "$src"/tokenizer_config.json .gpu/smollm2-arch/
 cp "$src"/generation_config.json .gpu/smollm2-arch/ 2>/dev/null || true

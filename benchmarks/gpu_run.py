@@ -11,6 +11,8 @@ Steps (each with its own time limit; one failing does not stop the others), ever
    exact shapes from ``.gpu/smollm2-arch`` (config + tokenizer; speed does not depend on weight values);
 3. ``gpu_tests`` - the ``gpu`` test tier (``pytest -m gpu tests/gpu``; on a CPU it reports them skipped);
 4. ``engine`` - ``benchmarks/engine.py`` on CUDA (``engine_cuda.json``; on a CPU a ``--quick`` dry run);
+4b. ``ner_tagger`` - ``benchmarks/ner_gpu.py``: the transformer NER's tagger on CUDA, float32 and bf16 (issue 41's
+   GPU figure; its JSON inside ``summary.json``; on a CPU a dry run);
 5. ``train`` - a short Ray Train + DeepSpeed ZeRO-2 bf16 masked-prefix run on the GPU, then ``synthesize``:
    the pipeline on PhysioNet with ``configs/gpu/run_physionet.yaml`` (extraction, training, every generation
    mode through the fast engine on the GPU) (needs Ray and DeepSpeed: ``gpu_prepare.sh --ray``).
@@ -36,7 +38,7 @@ BUDGET_S = 9 * 60
 # The first lent run (2026-11-26, H200) cut the engine at 220 s while the HF reference engine's per-row
 # Python blocking ran at 1 slot, and synthesize at 200 s in its scoring stage: the engine step now skips the
 # HF reference engine, runs transformers' generate up to 64 slots, 128 new tokens; synthesize gets the time.
-STEP_LIMITS = {"gpu_tests": 120, "engine": 200, "synthesize": 300}
+STEP_LIMITS = {"gpu_tests": 120, "engine": 200, "ner_tagger": 100, "synthesize": 300}
 # The second (2026-11-26b) cut the engine step in transformers' generate(bad_words_ids=...) at 1 row (7,792
 # sequences): that reference now runs last, after every fast-engine figure is saved, for 4 new tokens a row;
 # the fast engine compiles automata in worker processes (threads vs processes on a GPU host: to be measured).
@@ -108,6 +110,24 @@ def _model_dir() -> tuple[str | None, str]:
     return str(target), "random weights with SmolLM2-135M's shapes (speed figures only; texts are noise)"
 
 
+def _ner_tagger(cuda: bool, env: dict[str, str]) -> dict[str, Any]:
+    """The transformer NER's tagger on the GPU (benchmarks/ner_gpu.py: random weights of the configured tagger's
+    shapes from .gpu/ner-tagger-arch); on a CPU, a dry run of the same path. Its JSON travels inside summary.json
+    (the tool brings back at most 8 files)."""
+    arch = ROOT / ".gpu" / "ner-tagger-arch"
+    if not (arch / "config.json").is_file():
+        return _skip("ner_tagger", "no .gpu/ner-tagger-arch (run benchmarks/gpu_prepare.sh here)")
+    result = Path(os.environ.get("TMPDIR", "/tmp")) / "ner_tagger.json"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, "benchmarks/ner_gpu.py", "--out", str(result)]
+    cmd += ["--device", "cuda"] if cuda else ["--device", "cpu", "--quick", "--limit", "40", "--cpu-notes", "20"]
+    step = _run("ner_tagger" if cuda else "ner_tagger_cpu_dry_run", cmd, STEP_LIMITS["ner_tagger"] * (1 if cuda else 3),
+                env)  # fmt: skip
+    if result.is_file():
+        step["result"] = json.loads(result.read_text())
+    return step
+
+
 def _write_summary(t_start: float, info: dict[str, Any], weights: str, steps: list[dict[str, Any]],
                    cut: bool = False) -> dict[str, Any]:  # fmt: skip
     summary = {"seconds": time.perf_counter() - t_start, "env": info, "weights": weights, "steps": steps}
@@ -150,6 +170,7 @@ def main() -> None:
         steps.append(_run("engine", [py, "benchmarks/engine.py", "--device", "cuda", "--model", model_dir,
                                      "--out", str(OUT / "engine_cuda.json"), "--no-write", *ENGINE_ARGS],
                           STEP_LIMITS["engine"], env))  # fmt: skip
+    steps.append(_ner_tagger(cuda, env))
     _write_summary(t_start, info, weights, steps, cut=True)  # now too: a run cut at the tool's limit keeps it
     left = BUDGET_S - (time.perf_counter() - t_start)
     if not cuda:

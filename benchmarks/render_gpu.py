@@ -6,8 +6,9 @@ FOLDER is what the device tool returned, or a copy kept under docs/benchmarks/ (
 ``docs/benchmarks/gpu_run_2026-11-26``, so the page can be rendered again from the repository). Writes
 ``Generation engine: GPU`` from ``engine_cuda.json`` (benchmarks/render_engine.py) when the run got that far,
 else from the ``[engine bench]`` lines of the folder's ``engine*.log`` files (a run cut at its time limit
-writes its JSON only at the end of a slot count), and ``GPU run`` from ``summary.json``: what ran, on what, how
-long, what failed or was skipped and why, and each synthesize stage's summary.
+writes its JSON only at the end of a slot count), ``GPU run`` from ``summary.json``: what ran, on what, how
+long, what failed or was skipped and why, and each synthesize stage's summary; and, when its ``ner_tagger`` step
+ran on the GPU, "Entity extraction: the transformer tagger on a GPU" (benchmarks/ner_gpu.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _report import write_section  # noqa: E402
+from ner_gpu import JSON as NER_JSON  # noqa: E402
+from ner_gpu import TITLE as NER_TITLE  # noqa: E402
+from ner_gpu import report as ner_report  # noqa: E402
 from render_engine import render  # noqa: E402
 
 _HEAD = re.compile(r"\[engine bench\] (.+?), (\w+): prompts of (\d+) tokens, (\d+) banned sequences per row, "
@@ -145,6 +149,10 @@ def main() -> None:
         render([dest / "engine_cuda.json"])
     elif (text := engine_from_logs(folder, summary)) is not None:
         write_section("Generation engine: GPU", text)
+    for step in summary["steps"]:  # the transformer NER's tagger on the GPU (not a CPU dry run's)
+        if step["step"] == "ner_tagger" and step.get("result") and not step["result"].get("quick"):
+            NER_JSON.write_text(json.dumps(step["result"], indent=1) + "\n")
+            write_section(NER_TITLE, ner_report(step["result"]), run_date=step["result"]["date"])
     print("rendered the GPU sections of docs/benchmarks.md")
 
 
