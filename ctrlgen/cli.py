@@ -441,7 +441,8 @@ Xeon others. `ctrlgen train-ner` now puts every layer on the training's numpy op
 in training). benchmarks/ner_kernels.py records each CPU's hash of the configured NER in docs/benchmarks.md; with
 `--emulate` it trains under qemu-user's CPU models on one machine: an emulated Intel Haswell, an emulated AMD EPYC
 Milan and the AMD Zen 5 it ran on gave one hash, where before the change the emulated Intel gave the real Intel's
-hash and the emulated AMD the AMD one. Until a real Intel machine records the configured NER's hash there, the same
+hash and the emulated AMD the AMD one; on real hardware, an AMD Zen 4 (AVX-512) trained the Zen 5's configured NER
+and its five fold NERs, byte for byte. Until a real Intel machine records the configured NER's hash there, the same
 weights on every vendor are shown by emulation, not by a second vendor's set-up; the configured engine's figures
 are therefore also given **as a range over set-ups**: the same benchmark (`--cv`) cross-validates the engine by
 patient with each CPU's own fold NERs, and the PhysioNet section below lists each CPU's figures for this training
