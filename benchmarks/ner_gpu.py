@@ -89,13 +89,14 @@ def tagger_dir(model: str | None, arch: Path) -> tuple[Path, str]:
         shutil.rmtree(target)
     shutil.copytree(arch, target)
     torch.manual_seed(0)
-    model = AutoModelForTokenClassification.from_config(AutoConfig.from_pretrained(str(arch)))
+    net = AutoModelForTokenClassification.from_config(AutoConfig.from_pretrained(str(arch)))
     # a random head tags most pieces, and turning them into spans then costs what it never costs a trained tagger
     # (about one span a note): biased to O, it tags none, as near a trained tagger's cost as random weights get
     with torch.no_grad():
-        model.classifier.bias[0] = 50.0
-    model.save_pretrained(str(target))
-    assert (target / META_FILE).is_file()
+        net.classifier.bias[0] = 50.0
+    net.save_pretrained(str(target))
+    if not (target / META_FILE).is_file():
+        raise SystemExit(f"{arch}: no {META_FILE} (window length and stride): run `benchmarks/ner_gpu.py --prepare`")
     return target, "random weights of the configured tagger's shapes, its head biased to O (speed only)"
 
 
@@ -145,9 +146,7 @@ def measure(
     for dtype in ("float32", "bfloat16"):
         for b in batches:
             tagger = TransformerTagger(path, batch_size=b, device=device, dtype=dtype)
-            rows.append(
-                {"device": device, "dtype": dtype, "batch": b, **_timed(tagger, texts, device, 1 if quick else 2)}
-            )
+            rows.append({"device": device, "dtype": dtype, "batch": b, **_timed(tagger, texts, device, passes)})
             print(f"[ner_gpu] {rows[-1]}", file=sys.stderr, flush=True)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core: what one engine actor gets on the CPU
