@@ -143,9 +143,10 @@ def measure(
     batches = (32, 128) if quick else BATCHES
     passes = 1 if quick else 2
     rows = []
+    tagger = TransformerTagger(path, device=device)  # loaded once; batch size and number format are read per call
     for dtype in ("float32", "bfloat16"):
         for b in batches:
-            tagger = TransformerTagger(path, batch_size=b, device=device, dtype=dtype)
+            tagger.dtype, tagger.batch_size = dtype, b
             rows.append({"device": device, "dtype": dtype, "batch": b, **_timed(tagger, texts, device, passes)})
             print(f"[ner_gpu] {rows[-1]}", file=sys.stderr, flush=True)
     threads = torch.get_num_threads()
@@ -199,6 +200,14 @@ def report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def publish_result(r: dict[str, Any]) -> None:
+    """A GPU run's result onto the page: its JSON to docs/benchmarks/ner_gpu.json (the page renders from the
+    repository's copy) and the section from it. ``--render``, a run here, and render_gpu.py all come through here."""
+    if r.get("quick"):
+        raise SystemExit("a dry run (--quick) is not published")
+    publish(TITLE, JSON, report, r)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prepare", action="store_true", help="write the tagger's shapes to .gpu/ner-tagger-arch")
@@ -215,10 +224,7 @@ def main() -> None:
         print(f"[ner_gpu] {prepare(Path(args.arch))}")
         return
     if args.render:
-        r = json.loads(Path(args.render).read_text())
-        if Path(args.render).resolve() != JSON.resolve():
-            JSON.write_text(json.dumps(r, indent=1) + "\n")  # the page renders from the repository's copy
-        publish(TITLE, JSON, report)
+        publish_result(json.loads(Path(args.render).read_text()))
         return
     import torch
 
@@ -231,7 +237,7 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(r, indent=1) + "\n")
         print(report(r))
     else:
-        publish(TITLE, JSON, report, r)
+        publish_result(r)
 
 
 if __name__ == "__main__":

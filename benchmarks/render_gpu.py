@@ -24,9 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _report import write_section  # noqa: E402
-from ner_gpu import JSON as NER_JSON  # noqa: E402
-from ner_gpu import TITLE as NER_TITLE  # noqa: E402
-from ner_gpu import report as ner_report  # noqa: E402
+from ner_gpu import publish_result as publish_ner  # noqa: E402
 from render_engine import render  # noqa: E402
 
 _HEAD = re.compile(r"\[engine bench\] (.+?), (\w+): prompts of (\d+) tokens, (\d+) banned sequences per row, "
@@ -151,8 +149,7 @@ def main() -> None:
         write_section("Generation engine: GPU", text)
     for step in summary["steps"]:  # the transformer NER's tagger on the GPU (not a CPU dry run's)
         if step["step"] == "ner_tagger" and step.get("result") and not step["result"].get("quick"):
-            NER_JSON.write_text(json.dumps(step["result"], indent=1) + "\n")
-            write_section(NER_TITLE, ner_report(step["result"]), run_date=step["result"]["date"])
+            publish_ner(step["result"])
     print("rendered the GPU sections of docs/benchmarks.md")
 
 
