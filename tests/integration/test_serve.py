@@ -446,6 +446,20 @@ def _replicas(name="Generator"):
     return dep.replica_states.get("RUNNING", 0)
 
 
+def _settle_at_one(name="Generator", timeout=120.0):
+    """Wait until the deployment holds exactly one replica, running, none starting or stopping, and return its
+    replica states as last read (one read per check: a count read twice can change between the reads, as when
+    the previous test's upscale was still starting a replica)."""
+    from ray import serve
+
+    deadline = time.monotonic() + timeout
+    while True:
+        states = {k: v for k, v in serve.status().applications["ctrlgen"].deployments[name].replica_states.items() if v}
+        if states == {"RUNNING": 1} or time.monotonic() > deadline:
+            return states
+        time.sleep(2)
+
+
 def test_a_killed_replica_under_load_loses_no_request_and_recovers(service):
     import ray
 
@@ -476,10 +490,8 @@ def test_a_killed_replica_under_load_loses_no_request_and_recovers(service):
 
 
 def test_generator_scales_to_two_replicas_under_load_and_back(service):
-    deadline = time.monotonic() + 120
-    while _replicas() != 1 and time.monotonic() < deadline:
-        time.sleep(2)  # settle after the previous test
-    assert _replicas() == 1
+    settled = _settle_at_one()  # after the previous test (its load may have started an upscale)
+    assert settled == {"RUNNING": 1}, settled
     stop = time.monotonic() + 90
     peak = 1
 
@@ -498,7 +510,5 @@ def test_generator_scales_to_two_replicas_under_load_and_back(service):
             time.sleep(1)
         sent = sum(f.result(timeout=120) for f in futures)
     assert peak == 2, f"still one replica after {sent} requests"
-    deadline = time.monotonic() + 90
-    while _replicas() > 1 and time.monotonic() < deadline:
-        time.sleep(2)
-    assert _replicas() == 1
+    settled = _settle_at_one(timeout=90)
+    assert settled == {"RUNNING": 1}, settled
