@@ -8,32 +8,38 @@ import time
 import urllib.request
 import warnings
 
+import psutil
 import pytest
 
 
-def _ray_processes(before: set[int]) -> list:
-    """This process' descendants that belong to a Ray cluster (raylet, GCS, ``ray::`` workers and the like),
-    except those in ``before`` (pids alive before the cluster started, such as the S3 server)."""
-    import psutil
+def _is_ray_process(p: psutil.Process, ray_dir: str) -> bool:
+    """Ray's own processes only: raylet, gcs_server, ``ray::`` workers, or a program under Ray's package
+    (dashboard agent, log monitor...); not any process whose path merely contains "ray" (a checkout under
+    /home/raymond/ running moto's S3 server)."""
+    name, cmd = p.name(), p.cmdline()
+    return (name in ("raylet", "gcs_server") or name.startswith("ray::") or any(a.startswith("ray::") for a in cmd[:1])
+            or any(a.startswith(ray_dir) for a in cmd))  # fmt: skip
 
+
+def _ray_processes(before: set[int], ray_dir: str) -> list[psutil.Process]:
+    """This process' descendants that belong to the Ray cluster, except those in ``before`` (pids alive before
+    the cluster started, such as the S3 server)."""
     found = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.pid not in before and any("ray" in a for a in [p.name(), *p.cmdline()]):
+            if p.pid not in before and _is_ray_process(p, ray_dir):
                 found.append(p)
         except psutil.Error:  # gone meanwhile, or not ours to read
             pass
     return found
 
 
-def stop_leftovers(procs: list, grace: float = 20.0) -> list[str]:
+def _stop_leftovers(procs: list[psutil.Process], grace: float = 20.0) -> list[str]:
     """Wait up to ``grace`` seconds for ``procs`` to exit, kill those that have not, and name them.
 
     ``ray.shutdown()`` ends a cluster's processes, but a worker has outlived its raylet before (a
     ``ray::TrainController`` of test_train_job's first run, reparented to init, 0.5 GB, alive after the suite):
     such a process would hold memory and cores for every later module and outlive CI."""
-    import psutil
-
     _, alive = psutil.wait_procs(procs, timeout=grace)
     named = []
     for p in alive:
@@ -49,7 +55,6 @@ def stop_leftovers(procs: list, grace: float = 20.0) -> list[str]:
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    import psutil
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
     from ray_jobs.runtime import parquet_reader
@@ -59,9 +64,9 @@ def ray_cluster():
     # 4 logical CPUs on 2 cores: avoids the read-task deadlocks listed in RAY_NOTES.
     ray.init(address="local", num_cpus=4, include_dashboard=False, configure_logging=False)
     yield ray
-    procs = _ray_processes(before)
+    procs = _ray_processes(before, os.path.dirname(ray.__file__) + os.sep)
     ray.shutdown()
-    left = stop_leftovers(procs)
+    left = _stop_leftovers(procs)
     if left:  # killed, so that later modules run on a clean machine; named, so that a leak is seen, not hidden
         warnings.warn(f"the module's Ray cluster left processes alive after ray.shutdown(), killed: {', '.join(left)}",
                       stacklevel=1)  # fmt: skip

@@ -439,22 +439,24 @@ def test_no_request_text_reaches_the_log_files(service):
     assert not hits, hits
 
 
-def _replicas(name="Generator"):
+def _replica_states(name="Generator") -> dict[str, int]:
+    """The deployment's replicas by state (states with none left out), from one read of the Serve status."""
     from ray import serve
 
-    dep = serve.status().applications["ctrlgen"].deployments[name]
-    return dep.replica_states.get("RUNNING", 0)
+    return {k: v for k, v in serve.status().applications["ctrlgen"].deployments[name].replica_states.items() if v}
+
+
+def _replicas(name="Generator"):
+    return _replica_states(name).get("RUNNING", 0)
 
 
 def _settle_at_one(name="Generator", timeout=120.0):
     """Wait until the deployment holds exactly one replica, running, none starting or stopping, and return its
     replica states as last read (one read per check: a count read twice can change between the reads, as when
     the previous test's upscale was still starting a replica)."""
-    from ray import serve
-
     deadline = time.monotonic() + timeout
     while True:
-        states = {k: v for k, v in serve.status().applications["ctrlgen"].deployments[name].replica_states.items() if v}
+        states = _replica_states(name)
         if states == {"RUNNING": 1} or time.monotonic() > deadline:
             return states
         time.sleep(2)
