@@ -24,6 +24,7 @@ Writes docs/benchmarks/ner_epochs.json and the section "Entity extraction: the t
 of docs/benchmarks.md; ``--render`` rewrites the section from the JSON alone.
 
     .venv/bin/python benchmarks/ner_epochs.py --folds 1     # the choice: ~10 min when fold 1's models are cached
+    .venv/bin/python benchmarks/ner_epochs.py --folds 1,2   # the choice and fold 2 (a part: the others "not run yet")
     .venv/bin/python benchmarks/ner_epochs.py               # every fold: ~35 min per uncached fold model alone
     .venv/bin/python benchmarks/ner_epochs.py --render
 """
@@ -233,14 +234,17 @@ def report(r: dict[str, Any]) -> str:
         "",
         f"**Chosen: {chosen if chosen is not None else '-'} epochs.**",
     ]
-    rest = [f for f in range(1, k + 1) if f != c]
-    table = _table(r, rest)
+    others = [f for f in range(1, k + 1) if f != c]
+    rest = [f for f in others if all(_fold(r, n, f) for n in dict.fromkeys([conf, chosen]) if n is not None)]
+    table = _table(r, rest) if rest else []
     if table:
         notes = sum((_fold(r, conf, f) or {}).get("notes", 0) for f in rest)
-        lines += ["", f"Folds {', '.join(map(str, rest))} ({notes} notes, none of which chose anything), pooled:",
+        which = f"Folds {', '.join(map(str, rest))}" if len(rest) > 1 else f"Fold {rest[0]}"
+        lines += ["", f"{which} ({notes} notes, none of which chose anything){', pooled' if len(rest) > 1 else ''}:",
                   "", *table]  # fmt: skip
-    elif chosen not in (None, conf):
-        lines += ["", f"Folds {', '.join(map(str, rest))}: not run yet."]
+    missing = [f for f in others if f not in rest]
+    if missing and chosen not in (None, conf):
+        lines += ["", f"Fold{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}: not run yet."]
     train = ", ".join(f"{n} epochs {r['runs'][str(n)]['train_seconds'] / 60:.1f} min" for n in r["epochs"])
     lines += [
         "",
