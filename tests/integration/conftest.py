@@ -17,7 +17,7 @@ def _is_ray_process(p: psutil.Process, ray_dir: str) -> bool:
     (dashboard agent, log monitor...); not any process whose path merely contains "ray" (a checkout under
     /home/raymond/ running moto's S3 server)."""
     name, cmd = p.name(), p.cmdline()
-    return (name in ("raylet", "gcs_server") or name.startswith("ray::") or any(a.startswith("ray::") for a in cmd[:1])
+    return (name in ("raylet", "gcs_server") or name.startswith("ray::") or (bool(cmd) and cmd[0].startswith("ray::"))
             or any(a.startswith(ray_dir) for a in cmd))  # fmt: skip
 
 
