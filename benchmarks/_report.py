@@ -28,6 +28,7 @@ ORDER: list[tuple[str, list[str]]] = [
                     "Entity extraction: the spaCy NER decoded by beam search",
                     "Entity extraction: names and places spread over a patient's notes",
                     "Entity extraction: the rules' precision ceiling (a perfect NER)",
+                    "Entity extraction: the rules chosen for both targets",
                     "Entity extraction: the transformer NER's number format",
                     "Entity extraction: the transformer NER trained under bf16 autocast",
                     "Entity extraction: the CPU's matrix products (float32 vs bf16)",

@@ -1,4 +1,4 @@
-"""The transformer engine's rules chosen on one fold for issue 41's two targets at once (issue 41).
+"""The engine's rules chosen on one fold for issue 41's two targets at once (issue 41).
 
 benchmarks/rules_ceiling.py shows that the rules as configured leave a perfect NER at most ~85.5% precision: the
 precision target needs rules that predict fewer false spans. ``extraction.rule_tuning`` chooses which rules run
@@ -10,22 +10,23 @@ held-out notes for the targets themselves.
 **Protocol, fixed before the fold models were trained or any figure seen:**
 
 1. The 5 patient-fold taggers of ``configs/extract_physionet_transformer.yaml`` (as configured: 4 epochs, argmax
-   decoding), trained or taken from ``.cache/ner`` under ``ctrlgen extract-report``'s keys. Each fold's held-out
+   decoding), trained or taken from ``.cache/ner`` under ``ctrlgen extract-report``'s keys; then the same for the
+   configured engine, ``configs/extract_physionet_ner.yaml`` and its spaCy fold NERs. Each fold's held-out
    notes are analysed once (every recognizer's results, the tagger's included); each rule configuration is then
    scored from that analysis and the engine's own post-processing (``ctrlgen.extract.rules``' scoring path).
 2. **Chosen on fold 1's notes only** (scored by the tagger trained without their patients), by the greedy
    backward elimination of ``extraction.rule_tuning`` (one recognizer off, a veto, propagation or initials off,
    or another score threshold per step, from the configured rules), under two objectives:
    - **F2** (beta 2): the configured in-fold objective (``ctrlgen.extract.rules.select_rules``);
-   - **both targets**: the lower of recall / 0.985 and precision / 0.85 (how far the engine is from the nearer
-     miss of the two targets), the objective the issue's targets define.
+   - **both targets**: the lower of recall / 0.985 and precision / 0.85 (the worse of the two as a share of its
+     target; 1 or more when both are met), the objective the issue's targets define.
 3. The chosen rule sets run on folds 2-5 (pooled; no note of theirs chose anything), beside the configured rules.
 4. One more row, *not* chosen on fold 1: the configured rules without ``DictionaryRecognizer``, the recognizer that
    rules_ceiling.py (over all notes, folds 2-5 included) found behind most false spans. It is named from an
    in-sample look, so its folds 2-5 figure is a diagnostic, not an out-of-sample result.
 
-Writes docs/benchmarks/ner_rules.json and the section "Entity extraction: the transformer engine's rules chosen
-for both targets" of docs/benchmarks.md; ``--render`` rewrites the section from the JSON alone.
+Writes docs/benchmarks/ner_rules.json and the section "Entity extraction: the rules chosen for both targets" of
+docs/benchmarks.md; ``--render`` rewrites the section from the JSON alone.
 
     .venv/bin/python benchmarks/ner_rules.py            # ~95 min on 2 cores when the fold taggers are not cached
     .venv/bin/python benchmarks/ner_rules.py --render
@@ -47,9 +48,10 @@ sys.path.insert(0, str(ROOT))
 from _report import publish  # noqa: E402
 from ner_threshold import _pct, _scores, _sum, frozen_fold_models, provenance  # noqa: E402
 
-CONFIG = "configs/extract_physionet_transformer.yaml"
+#: The engines, each with its NER's kind: the transformer (the NER that finds most by itself), then the configured one.
+CONFIGS = {"configs/extract_physionet_transformer.yaml": "transformer", "configs/extract_physionet_ner.yaml": "spacy"}
 JSON = ROOT / "docs" / "benchmarks" / "ner_rules.json"
-TITLE = "Entity extraction: the transformer engine's rules chosen for both targets"
+TITLE = "Entity extraction: the rules chosen for both targets"
 TARGET_R, TARGET_P, BETA = 0.985, 0.85, 2.0
 CHOOSE_ON = 0  # fold 1
 CONFIGURED, DICT_OFF = "configured rules", "configured rules without DictionaryRecognizer (in-sample diagnostic)"
@@ -86,12 +88,12 @@ def _run(notes: Sequence[Any], c: Any, finish: Callable[..., Any]) -> list[Any]:
     ]
 
 
-def measure(overrides: Sequence[str] = (), limit: int | None = None) -> dict[str, Any]:
+def measure_engine(config: str, kind: str, overrides: Sequence[str] = (), limit: int | None = None) -> dict[str, Any]:
+    """One engine's fold NERs, its rule sets chosen on fold 1 and every fold's scores under each."""
     from ctrlgen.extract.presidio import PresidioExtractor
-    from ctrlgen.extract.report import rules_digest
     from ctrlgen.extract.rules import Analysed
 
-    cfg, ex, outer, models, train_s = frozen_fold_models(CONFIG, "transformer", overrides, limit)
+    cfg, ex, outer, models, train_s = frozen_fold_models(config, kind, overrides, limit)
     analysed, finish = [], None
     for i, ((_, _patients, gold), model) in enumerate(zip(outer, models, strict=True)):
         ext = PresidioExtractor(ex.model_copy(update={"ner_model": model}), cfg.nlp.spacy_model, "direct+quasi")
@@ -99,7 +101,8 @@ def measure(overrides: Sequence[str] = (), limit: int | None = None) -> dict[str
         raw = ext.recognizer_results([d.text for d in gold])
         analysed.append([Analysed(d, r) for d, r in zip(gold, raw, strict=True)])
         finish = ext.finish  # the post-processing depends on the configuration passed, not on the fold's model
-        print(f"[ner_rules] fold {i + 1} analysed in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        print(f"[ner_rules] {kind}: fold {i + 1} analysed in {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+              flush=True)  # fmt: skip
     assert finish is not None
     t = ex.rule_tuning
     chosen = {o: select_for(analysed[CHOOSE_ON], ex, finish, o, t.thresholds) for o in ("F2", "both targets")}
@@ -117,13 +120,20 @@ def measure(overrides: Sequence[str] = (), limit: int | None = None) -> dict[str
             "by": {name: _scores(gold, _run(notes, c, finish)) for name, (c, _) in rule_sets.items()},
         })  # fmt: skip
     return {
-        **provenance("ner_rules.py", list(overrides)),
-        "config": CONFIG,
-        "rules_digest": rules_digest(),
-        "chosen_on_fold": CHOOSE_ON + 1,
         "steps": {name: steps for name, (_, steps) in rule_sets.items()},
         "train_seconds": round(train_s, 1),
         "folds": folds,
+    }
+
+
+def measure(overrides: Sequence[str] = (), limit: int | None = None) -> dict[str, Any]:
+    from ctrlgen.extract.report import rules_digest
+
+    return {
+        **provenance("ner_rules.py", list(overrides)),
+        "rules_digest": rules_digest(),
+        "chosen_on_fold": CHOOSE_ON + 1,
+        "engines": {config: measure_engine(config, kind, overrides, limit) for config, kind in CONFIGS.items()},
     }
 
 
@@ -138,43 +148,30 @@ def _row(name: str, s: Any) -> str:
     )
 
 
-def report(r: dict[str, Any]) -> str:
-    k = r["chosen_on_fold"] - 1
-    names = list(r["steps"])
-    rest = [f for i, f in enumerate(r["folds"]) if i != k]
+def _engine(config: str, e: dict[str, Any], k: int) -> list[str]:
+    names = list(e["steps"])
+    rest = [f for i, f in enumerate(e["folds"]) if i != k]
     header = [
         "| rules | recall % | precision % | F2 | both targets (min of R/0.985, P/0.85) | found / gold | predicted "
         "| both targets met |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    steps = "; ".join(f"{n}: {', '.join(s) if s else 'no change'}" for n, s in r["steps"].items() if n != CONFIGURED)
+    steps = "; ".join(f"{n}: {', '.join(s) if s else 'no change'}" for n, s in e["steps"].items() if n != CONFIGURED)
     lines = [
-        f"Command: `{r['command']}` (`--render` rewrites this section from docs/benchmarks/ner_rules.json). The {len(r['folds'])} "
-        f"patient-fold taggers of `{r['config']}` (as configured: argmax decoding), the rules frozen at digest "
-        f"`{r['rules_digest']}` and then chosen **on fold {k + 1}'s held-out notes only** by the greedy backward "
-        "elimination of `extraction.rule_tuning` (one recognizer, veto, propagation or initials off, or another "
-        "threshold per step) under two objectives fixed before the run: F2 (beta 2, the configured in-fold "
-        "objective) and **both targets** (the lower of recall / 0.985 and precision / 0.85). The chosen sets then "
-        f"run on the other folds' notes, which chose nothing. The last row is not chosen on fold {k + 1}: the "
-        "configured rules without DictionaryRecognizer, named from benchmarks/rules_ceiling.py's in-sample look at "
-        "all notes (a diagnostic, not an out-of-sample figure).",
+        f"### `{config}`",
         "",
         f"Chosen: {steps}.",
         "",
-        f"Fold {k + 1} (the choice; {r['folds'][k]['notes']} notes):",
+        f"Fold {k + 1} (the choice; {e['folds'][k]['notes']} notes):",
         "",
         *header,
-    ]
-    lines += [_row(n, _sum([r["folds"][k]["by"][n]])["ALL"]) for n in names]
-    lines += [
+        *(_row(n, _sum([e["folds"][k]["by"][n]])["ALL"]) for n in names),
         "",
-        f"Folds {', '.join(str(i + 1) for i in range(len(r['folds'])) if i != k)} "
+        f"Folds {', '.join(str(i + 1) for i in range(len(e['folds'])) if i != k)} "
         f"({sum(f['notes'] for f in rest):,} notes, none of which chose anything), pooled:",
         "",
         *header,
-    ]
-    lines += [_row(n, _sum([f["by"][n] for f in rest])["ALL"]) for n in names]
-    lines += [
+        *(_row(n, _sum([f["by"][n] for f in rest])["ALL"]) for n in names),
         "",
         "Per category on those notes (recall / precision %):",
         "",
@@ -188,10 +185,31 @@ def report(r: dict[str, Any]) -> str:
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"Targets (issue 41, by patient-level CV): recall >= {100 * TARGET_R:.1f}%, precision >= "
-        f"{100 * TARGET_P:.0f}%. Fold taggers: {', '.join(f['model'] for f in r['folds'])} (`.cache/ner`; trained "
-        f"in this run in {r['train_seconds'] / 60:.1f} min, 0 when all were cached).",
+        f"Fold NERs: {', '.join(f['model'] for f in e['folds'])} (`.cache/ner`; trained in this run in "
+        f"{e['train_seconds'] / 60:.1f} min, 0 when all were cached).",
+        "",
     ]
+    return lines
+
+
+def report(r: dict[str, Any]) -> str:
+    k = r["chosen_on_fold"] - 1
+    lines = [
+        f"Command: `{r['command']}` (`--render` rewrites this section from docs/benchmarks/ner_rules.json). For each "
+        "engine below, its patient-fold NERs (the keys of `ctrlgen extract-report`; the transformer decoded at "
+        f"argmax, as configured), the rules frozen at digest `{r['rules_digest']}` and then chosen **on fold "
+        f"{k + 1}'s held-out notes only** by the greedy backward elimination of `extraction.rule_tuning` (one "
+        "recognizer, veto, propagation or initials off, or another threshold per step) under two objectives fixed "
+        "before the run: F2 (beta 2, the configured in-fold objective) and **both targets** (the lower of recall / "
+        "0.985 and precision / 0.85). The chosen sets then run on the other folds' notes, which chose nothing. The "
+        f"last row of each table is not chosen on fold {k + 1}: the configured rules without DictionaryRecognizer, "
+        "named from benchmarks/rules_ceiling.py's in-sample look at all notes (a diagnostic, not an out-of-sample "
+        f"figure). Targets (issue 41, by patient-level CV): recall >= {100 * TARGET_R:.1f}%, precision >= "
+        f"{100 * TARGET_P:.0f}%.",
+        "",
+    ]
+    for config, e in r["engines"].items():
+        lines += _engine(config, e, k)
     return "\n".join(lines)
 
 
