@@ -79,7 +79,7 @@ def measure() -> dict[str, Any]:
 
     from ctrlgen.config import PhysionetCorpusConfig, load_config
     from ctrlgen.corpora import load_corpus
-    from ctrlgen.extract.presidio import PresidioExtractor, _vetoed
+    from ctrlgen.extract.presidio import PresidioExtractor, _below_age, _vetoed
     from ctrlgen.extract.report import _without_ner, rules_digest
     from ctrlgen.extract.rules import FLAGS, KEEP, analysis_under
     from ctrlgen.schema import Document
@@ -103,6 +103,8 @@ def measure() -> dict[str, Any]:
             kept = analysis_under(a, c)
             ents = ext.finish(d.text, kept, c)
             pred.append(Document(d.doc_id, d.text, d.metadata, ents))
+            if c.min_age:  # the results finish() drops before resolving overlaps
+                kept = [r for r in kept if not _below_age(d.text, r, c.min_age)]
             if c.clinical_number_veto:
                 kept = [r for r in kept if not _vetoed(d.text, r)]
             fp.update(_sources(ents, kept, d))
