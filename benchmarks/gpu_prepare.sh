@@ -26,10 +26,13 @@ if [[ "${1:-}" == "--ray" ]]; then
      "rpds-py==$(ver rpds-py)" "jsonschema-specifications==$(ver jsonschema-specifications)" \
      "tensorboardX==$(ver tensorboardX)" "hjson==$(ver hjson)"
   $PY -m pip download -q --no-deps --no-binary=:all: -d .gpu/whl "deepspeed==$(ver deepspeed)"
-  # Ray's wheel is ~79 MB; 32 MB of it are Java jars (Java workers only): drop them (RAY_NOTES)
+  # Ray's wheel is ~79 MB; 32 MB of it are Java jars (Java workers only): drop them (RAY_NOTES); RLlib (ctrlgen
+  # never imports it) and the dashboard's source maps go too, so the carried tree stays under the tool's 64 MiB
   w=$(ls .gpu/whl/ray-*.whl)
-  tmp=$(mktemp -d) && (cd "$tmp" && unzip -q "$OLDPWD/$w" && rm -rf ray/jars && \
-    sed -i '/^ray\/jars\//d' ray-*.dist-info/RECORD && rm "$OLDPWD/$w" && zip -qr "$OLDPWD/$w" .) && rm -rf "$tmp"
+  tmp=$(mktemp -d) && (cd "$tmp" && unzip -q "$OLDPWD/$w" && rm -rf ray/jars ray/rllib && \
+    find ray/dashboard/client/build -name '*.map' -delete && \
+    sed -i -E '/^ray\/(jars|rllib)\//d; /^ray\/dashboard\/client\/build\/.*\.map,/d' ray-*.dist-info/RECORD && \
+    rm "$OLDPWD/$w" && zip -qr "$OLDPWD/$w" .) && rm -rf "$tmp"
 fi
 cp -r ../shared/data/physionet-deid .gpu/data/
 $PY benchmarks/ner_gpu.py --prepare  # the transformer NER's shapes: config + tokenizer (~1 MB)
