@@ -104,7 +104,9 @@ def _targets(r: dict[str, Any]) -> list[str]:
         return out or ["none measured"]
     by = {row["slots"]: row for row in r["slots"]}
     top = by.get(256)
-    if top is not None:
+    if top is None:
+        out.append("the 256-slot targets: not measured (no 256-slot row in this JSON)")
+    else:
         tps = top["fast"]["tokens_per_s"]
         out.append(f">= 30,000 tokens/s at 256 slots: {tps:,.0f}, {'met' if tps >= 30_000 else 'not met'}")
         tf = top.get("transformers_bad_words", {}).get("tokens_per_s")

@@ -4,7 +4,7 @@
 
 FOLDER is what the device tool returned, or a copy kept under docs/benchmarks/ (the first lent run is kept as
 ``docs/benchmarks/gpu_run_2026-11-26``, so the page can be rendered again from the repository). Writes
-``Generation engine: GPU`` from ``engine_cuda.json`` (benchmarks/render_engine.py) when the run got that far,
+``Generation engine: GPU`` from ``engine_cuda.json`` (benchmarks/render_engine.py) when the run got that far, with the phase timings its logs hold,
 else from the ``[engine bench]`` lines of the folder's ``engine*.log`` files (a run cut at its time limit
 writes its JSON only at the end of a slot count), ``GPU run`` from ``summary.json``: what ran, on what, how
 long, what failed or was skipped and why, and each synthesize stage's summary; and, when its ``ner_tagger`` step
@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _report import write_section  # noqa: E402
 from ner_gpu import publish_result as publish_ner  # noqa: E402
-from render_engine import render  # noqa: E402
+from render_engine import TITLES, section  # noqa: E402
 
 _HEAD = re.compile(r"\[engine bench\] (.+?), (\w+): prompts of (\d+) tokens, (\d+) banned sequences per row, "
                    r"(\d+) new tokens")  # fmt: skip
@@ -33,6 +33,9 @@ _SLOT = re.compile(r"\[engine bench\] slots (\d+): fast ([\d.]+) tok/s, step ([\
                    r"roofline ([\d.]+) ms")  # fmt: skip
 _TF = re.compile(r"\[engine bench\] slots (\d+): transformers generate ([\d.]+) tok/s")
 _AD = re.compile(r"\[engine bench\] adapters at (\d+) slots: 1 adapter ([\d.]+) ms/step, 8 adapters ([\d.]+) ms/step")
+_WORK = re.compile(r"\[engine bench\] workload of (\d+) rows built in ([\d.]+) s")
+_START = re.compile(r"\[engine bench\] slots (\d+): engine started and warmed up in ([\d.]+) s")
+_CALL = re.compile(r"\[engine bench\] slots (\d+): whole call of (\d+) rows in ([\d.]+) s")
 
 
 def run_section(summary: dict[str, Any], folder: Path) -> str:
@@ -41,7 +44,7 @@ def run_section(summary: dict[str, Any], folder: Path) -> str:
         f"Command: `bash benchmarks/gpu_run.sh` on {env['device']}"
         + (f" ({env['gpu_memory_gib']:.0f} GiB)" if env.get("gpu_memory_gib") else "")
         + f", Python {env['python']}, torch {env['torch']}; {summary['seconds'] / 60:.1f} min in all. "
-        f"Model weights: {summary['weights']}. Logs: `{_rel(folder)}`.",
+        f"Model weights: {summary['weights']}. Logs: `{_rel(folder)}`." + _earlier_runs(folder),
         "",
         "| step | status | seconds | note |",
         "|---|---|---|---|",
@@ -127,6 +130,53 @@ def engine_from_logs(folder: Path, summary: dict[str, Any]) -> str | None:
     return "\n".join(lines)
 
 
+def phases_from_logs(folder: Path, new_tokens: int) -> str | None:
+    """A table of the phase timings the engine benchmark logs (since 2026-12-04): building the workload,
+    starting the engine, the whole call; they survive a run cut before its decode-step timing (None: none)."""
+    rows, at_256 = [], None
+    for log in sorted(folder.glob("engine*.log")):
+        work, start = None, {}
+        for line in log.read_text(errors="replace").splitlines():
+            if m := _WORK.search(line):
+                work = float(m.group(2))
+            elif m := _START.search(line):
+                start[int(m.group(1))] = float(m.group(2))
+            elif m := _CALL.search(line):
+                slots, n, secs = int(m.group(1)), int(m.group(2)), float(m.group(3))
+                tps = n * new_tokens / secs
+                rows.append(
+                    f"| `{log.name}` | {slots} | {_f(work)} | {_f(start.get(slots))} | {secs:.1f} | {tps:,.0f} |"
+                )
+                at_256 = tps if slots == 256 else at_256
+    if not rows:
+        return None
+    lines = [
+        f"Phase timings from the logs in `{_rel(folder)}` (the benchmark's own lines; a run cut before its "
+        f"decode-step timing keeps them). Whole-call tokens/s = rows x {new_tokens} new tokens / the call's seconds.",
+        "",
+        "| log | slots | workload built (s) | engine started and warmed up (s) | whole call (s) | whole-call tokens/s |",
+        "|---|---|---|---|---|---|",
+        *rows,
+    ]  # fmt: skip
+    if at_256 is not None:
+        lines += ["", f"Target (issue 36), >= 30,000 tokens/s at 256 slots, by the whole call in the logs: "
+                      f"{at_256:,.0f}, {'met' if at_256 >= 30_000 else 'not met'}."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _earlier_runs(folder: Path) -> str:
+    """The other GPU runs kept under docs/benchmarks/ (each folder renders its own sections again)."""
+    kept = sorted(p for p in (ROOT / "docs" / "benchmarks").glob("gpu_run_*") if p.resolve() != folder.resolve())
+    if not kept:
+        return ""
+    names = ", ".join(f"`{_rel(p)}`" for p in kept)
+    return f" Earlier runs, each with its logs and a README (`render_gpu.py FOLDER` renders it again): {names}."
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
 def _rel(folder: Path) -> str:
     try:
         return str(folder.resolve().relative_to(ROOT))
@@ -144,7 +194,11 @@ def main() -> None:
     if engine.is_file():
         dest = ROOT / "docs" / "benchmarks"
         shutil.copy(engine, dest / "engine_cuda.json")
-        render([dest / "engine_cuda.json"])
+        r = json.loads(engine.read_text())
+        text = section(r)
+        if (phases := phases_from_logs(folder, int(r["new_tokens"]))) is not None:
+            text += "\n\n" + phases
+        write_section(TITLES["cuda"], text)
     elif (text := engine_from_logs(folder, summary)) is not None:
         write_section("Generation engine: GPU", text)
     for step in summary["steps"]:  # the transformer NER's tagger on the GPU (not a CPU dry run's)
