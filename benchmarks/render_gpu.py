@@ -5,8 +5,8 @@
 FOLDER is what the device tool returned, or a copy kept under docs/benchmarks/ (the first lent run is kept as
 ``docs/benchmarks/gpu_run_2026-11-26``, so the page can be rendered again from the repository). Writes
 ``Generation engine: GPU`` from ``engine_cuda.json`` (benchmarks/render_engine.py) when the run got that far,
-with the phase timings its logs hold, else from the ``[engine bench]`` lines of the folder's ``engine*.log`` files (a run cut at its time limit
-writes its JSON only at the end of a slot count), ``GPU run`` from ``summary.json``: what ran, on what, how
+with the phase timings its logs hold, else from the ``[engine bench]`` lines of the folder's ``engine*.log``
+files (a run cut at its time limit writes its JSON only at the end of a slot count), ``GPU run`` from ``summary.json``: what ran, on what, how
 long, what failed or was skipped and why, and each synthesize stage's summary; and, when its ``ner_tagger`` step
 ran on the GPU, "Entity extraction: the transformer tagger on a GPU" (benchmarks/ner_gpu.py).
 """
@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _report import write_section  # noqa: E402
 from ner_gpu import publish_result as publish_ner  # noqa: E402
-from render_engine import TITLES, section  # noqa: E402
+from render_engine import TITLES, _f, section  # noqa: E402
 
 _HEAD = re.compile(r"\[engine bench\] (.+?), (\w+): prompts of (\d+) tokens, (\d+) banned sequences per row, "
                    r"(\d+) new tokens")  # fmt: skip
@@ -171,10 +171,6 @@ def _earlier_runs(folder: Path) -> str:
         return ""
     names = ", ".join(f"`{_rel(p)}`" for p in kept)
     return f" Other runs kept, each with its logs and a README (`render_gpu.py FOLDER` renders it again): {names}."
-
-
-def _f(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}"
 
 
 def _rel(folder: Path) -> str:
