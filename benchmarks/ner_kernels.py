@@ -28,6 +28,9 @@ printed in the kept CI logs (docs/benchmarks/suite/) and which CPU and numerics 
     .venv/bin/python benchmarks/ner_kernels.py --cv --emulate Haswell-v4,EPYC-Milan  # + emulated CPUs (~20 min)
     .venv/bin/python benchmarks/ner_kernels.py --setup-log LOG  # also keep a pre-change `make setup` log's hash
     .venv/bin/python benchmarks/ner_kernels.py --render
+
+On a lent machine (its CPU, without this repository's virtual environment): ``bash benchmarks/kernels_run.sh`` there
+runs this script with ``--entry`` (the CPU's entry to a file, docs untouched), and ``--merge FILE`` here adds it.
 """
 
 from __future__ import annotations
@@ -59,7 +62,12 @@ JSON = ROOT / "docs" / "benchmarks" / "ner_kernels.json"
 TITLE = "Entity extraction: the clinical NER's weights across CPUs"
 CONFIG = "configs/extract_physionet_ner.yaml"
 SUITE_LOGS = ROOT / "docs" / "benchmarks" / "suite"
-PY = str(ROOT / ".venv" / "bin" / "python")
+#: the interpreter of the trainings' fresh processes: this repository's environment, or under
+#: benchmarks/kernels_run.sh (a lent machine, the carried site on PYTHONPATH) the one running this script
+_VENV = ROOT / ".venv" / "bin" / "python"
+PY = str(_VENV) if _VENV.exists() and not os.environ.get("KERNELS_RUN") else sys.executable
+#: config overrides for data outside ../shared (``--physionet``, ``--deid-lists``): the same notes and lists
+OVERRIDES: list[str] = []
 
 # One reduced training in a fresh process, as the cross-validation trains its fold models (crossval._train): "numpy"
 # the training now (train_ner: thinc's numpy ops without BLIS, every layer), "blis" thinc's default ops (BLIS's
@@ -73,7 +81,7 @@ import thinc.api
 from ctrlgen.config import PhysionetCorpusConfig, load_config
 from ctrlgen.corpora import load_corpus
 from ctrlgen.extract.crossval import TrainJob, _train
-cfg = load_config({config!r}, ["extraction.ner_training.epochs={epochs}"])
+cfg = load_config({config!r}, ["extraction.ner_training.epochs={epochs}", *{overrides!r}])
 docs = load_corpus(PhysionetCorpusConfig(path=cfg.corpus.path, identifiers="direct+quasi", limit={notes}))[0]
 if {mode!r} == "blis":
     thinc.api.use_ops = lambda *a, **k: contextlib.nullcontext()
@@ -112,7 +120,8 @@ def cpu() -> dict[str, Any]:
 def _child(mode: str, notes: int, epochs: int, out: str, env: dict[str, str], emulate: str = "") -> dict[str, Any]:
     """One reduced training in a fresh process; ``emulate``: a qemu-user CPU model to run it under (its CPUID: vendor
     and features, every instruction emulated on this machine)."""
-    code = _CHILD.format(root=str(ROOT), config=str(ROOT / CONFIG), notes=notes, out=out, epochs=epochs, mode=mode)
+    code = _CHILD.format(root=str(ROOT), config=str(ROOT / CONFIG), notes=notes, out=out, epochs=epochs, mode=mode,
+                         overrides=OVERRIDES)
     cmd = (["qemu-x86_64", "-cpu", emulate] if emulate else []) + [PY, "-c", code]
     res = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT)
     if res.returncode:
@@ -123,7 +132,7 @@ def _child(mode: str, notes: int, epochs: int, out: str, env: dict[str, str], em
 def configured(env: dict[str, str], out: str) -> dict[str, Any]:
     """The NER `make setup` trains, trained the same way (``ctrlgen train-ner``), into ``out``."""
     t0 = time.perf_counter()
-    res = subprocess.run([str(ROOT / ".venv" / "bin" / "ctrlgen"), "train-ner", "-c", CONFIG, "--out", out],
+    res = subprocess.run([PY, "-m", "ctrlgen.cli", "train-ner", "-c", CONFIG, "--out", out, *OVERRIDES],
                          env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     if res.returncode:
         raise SystemExit(f"ctrlgen train-ner failed:\n{res.stderr[-3000:]}")
@@ -140,7 +149,14 @@ def suite_hashes() -> dict[str, int]:
     return dict(found)
 
 
-def measure(notes: int, epochs: int, repeats: int, emulate: Sequence[str] = ()) -> dict[str, Any]:
+def _commit() -> str:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "ctrlgen", "pyproject.toml", "requirements.lock"],
+                           capture_output=True, text=True, cwd=ROOT).stdout.strip()  # fmt: skip
+    return commit.stdout.strip() + (" + uncommitted changes" if dirty else "")
+
+
+def measure(notes: int, epochs: int, repeats: int, emulate: Sequence[str] = (), commit: str = "") -> dict[str, Any]:
     from ctrlgen.extract.ner import NUMERICS, pinned_blas_env
 
     env = pinned_blas_env()
@@ -159,12 +175,9 @@ def measure(notes: int, epochs: int, repeats: int, emulate: Sequence[str] = ()) 
                 print(f"[ner_kernels] emulated {model}, {mode}: {emulated[-1]}", file=sys.stderr, flush=True)
         conf = configured(env, f"{tmp}/configured")
     print(f"[ner_kernels] configured: {conf['sha256']} ({conf['seconds']} s)", file=sys.stderr, flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "ctrlgen", "pyproject.toml", "requirements.lock"],
-                           capture_output=True, text=True, cwd=ROOT).stdout.strip()  # fmt: skip
     return {
         "date": datetime.now(UTC).date().isoformat(),
-        "commit": commit.stdout.strip() + (" + uncommitted changes" if dirty else ""),
+        "commit": commit or _commit(),
         "cpu": cpu(),
         "env": env,
         "numerics": NUMERICS,
@@ -173,7 +186,7 @@ def measure(notes: int, epochs: int, repeats: int, emulate: Sequence[str] = ()) 
     }
 
 
-def cross_validated() -> dict[str, Any]:
+def cross_validated(workers: int | None = None) -> dict[str, Any]:
     """The configured engine by patient-level CV with fold NERs trained on this CPU (the rules frozen: the engine as
     configured, no in-fold selection), pooled over the folds' held-out notes."""
     from ner_threshold import PHYSIONET, _scores, _sum
@@ -183,15 +196,17 @@ def cross_validated() -> dict[str, Any]:
     from ctrlgen.extract.crossval import _fold_jobs, train_cached
     from ctrlgen.extract.presidio import PresidioExtractor
 
-    cfg = load_config(str(ROOT / CONFIG))
+    cfg = load_config(str(ROOT / CONFIG), OVERRIDES)
     ex = cfg.extraction.model_copy(update={"setting": "unknown"})
     ex = ex.model_copy(update={"rule_tuning": ex.rule_tuning.model_copy(update={"enabled": False})})
-    docs = load_corpus(PhysionetCorpusConfig(path=str(PHYSIONET), identifiers="direct+quasi"))[0]
+    path = cfg.corpus.path if OVERRIDES else str(PHYSIONET)
+    docs = load_corpus(PhysionetCorpusConfig(path=path, identifiers="direct+quasi"))[0]
     k = ex.ner_training.folds
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:  # this CPU's fold models only (the cache keys name no CPU)
         outer = _fold_jobs(docs, k, ex, Path(tmp), cfg.nlp.spacy_model, "physionet-deid")
-        models = train_cached([job for job, _, _ in outer], ex.ner_training.workers)
+        # each fold in its own process on one pinned thread: the worker count changes no weights
+        models = train_cached([job for job, _, _ in outer], workers or ex.ner_training.workers)
         trained = time.perf_counter() - t0
         folds = []
         for (_, _, gold), model in zip(outer, models, strict=True):
@@ -330,19 +345,47 @@ def main() -> None:
     ap.add_argument("--emulate", default="", help="qemu-user CPU models (comma-separated, e.g. Haswell-v4,EPYC-Milan) "
                     "to run the reduced numpy-path training under as well (apt's qemu-user)")
     ap.add_argument("--cv", action="store_true", help="also the configured engine's patient-level CV on this CPU")
+    ap.add_argument("--workers", type=int, default=None, help="with --cv: fold NERs trained side by side "
+                    "(default the config's; each on one pinned thread, so the count changes no weights)")
     ap.add_argument("--render", action="store_true", help="rewrite the section from the saved JSON")
+    ap.add_argument("--physionet", type=Path, help="the PhysioNet notes, when not at the config's ../shared path")
+    ap.add_argument("--deid-lists", type=Path, help="a folder with the deid tool's lists/ and dict/ (the config's "
+                    "name_lists and common_words), when not at the config's ../shared path")
+    ap.add_argument("--commit", default="", help="the commit measured, where this is no git checkout")
+    ap.add_argument("--entry", type=Path, help="write this CPU's entry to this file, docs untouched (a lent machine)")
+    ap.add_argument("--merge", type=Path, help="add an entry written with --entry on another machine, and render")
     args = ap.parse_args()
     if args.render:
         publish(TITLE, JSON, report)
         return
     r = json.loads(JSON.read_text()) if JSON.is_file() else {"machines": {}}
-    m = measure(args.notes, args.epochs, args.repeats, [x for x in args.emulate.split(",") if x])
+    if args.merge:
+        _add(r, json.loads(args.merge.read_text()))
+        return
+    if args.physionet:
+        OVERRIDES.append(f"corpus.path={args.physionet.resolve()}")
+    if args.deid_lists:
+        OVERRIDES.extend([f"extraction.name_lists={(args.deid_lists / 'lists').resolve()}",
+                          f"extraction.common_words={(args.deid_lists / 'dict').resolve()}"])  # fmt: skip
+    m = measure(args.notes, args.epochs, args.repeats, [x for x in args.emulate.split(",") if x], args.commit)
+    m["command"] = os.environ.get("KERNELS_RUN") or shlex.join([".venv/bin/python", "benchmarks/ner_kernels.py",
+                                                                 *sys.argv[1:]])  # fmt: skip
+    if args.entry:  # written now too: a run cut during the CV keeps the hashes
+        args.entry.write_text(json.dumps(m, indent=1) + "\n")
     if args.cv:
-        m["cv"] = cross_validated()
+        m["cv"] = cross_validated(args.workers)
     if args.setup_log:
         found = WEIGHTS.findall(args.setup_log.read_text(errors="replace"))
         m["setup_before"] = found[-1] if found else None
-    m["command"] = shlex.join([".venv/bin/python", "benchmarks/ner_kernels.py", *sys.argv[1:]])
+    if args.entry:
+        args.entry.write_text(json.dumps(m, indent=1) + "\n")
+        print(f"[ner_kernels] this CPU's entry: {args.entry}", file=sys.stderr, flush=True)
+        return
+    _add(r, m)
+
+
+def _add(r: dict[str, Any], m: dict[str, Any]) -> None:
+    """Put one CPU's entry into the saved JSON (its earlier entry under other numerics kept as history); render."""
     key = m["cpu"]["key"]
     earlier = r["machines"].get(key)
     if earlier and earlier.get("numerics", OLD_NUMERICS) != m["numerics"]:  # another training: kept as history
