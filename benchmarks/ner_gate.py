@@ -13,7 +13,8 @@ before any figure of it was seen:
    fold's transformer tagger (the models of ``.cache/ner``, under extract-report's keys).
 2. A **gate** g drops a predicted span when the tagger's P(O) is >= g on every word piece overlapping it (the tagger
    is that sure the span is not private) and keeps every other span (one no piece overlaps too). Gates: none (the
-   engine as configured) and 1 - 10^-k for k = 1..6.
+   engine as configured) and 1 - 10^-k for k = 1..6. (Since the run, that filter is ``extraction.ner_veto``'s,
+   :func:`ctrlgen.extract.transformer_ner.veto_spans`, which this script calls.)
 3. For each engine, **the gate is chosen on fold 1's notes only**, by F2 (beta 2, the configured in-fold objective)
    and by both targets (the lower of recall / 0.985 and precision / 0.85, as benchmarks/ner_rules.py); a tie goes
    to the laxer gate (fewer spans dropped). The chosen gates' figures on folds 2-5 pooled are the out-of-sample
@@ -21,10 +22,16 @@ before any figure of it was seen:
 4. The whole sweep pooled over all 5 folds is listed too, marked for what it is (a gate picked from it would be
    picked on its own test notes).
 
+``--speed`` (added after the run above; it measures, it chooses nothing): the product's path, ``extraction.ner_veto``
+in the spaCy engine at the chosen bar, on fold 1's held-out notes with fold 1's models, on one thread (as a Ray actor
+of 1 CPU): notes/s of the engine without and with the veto (best of 2 passes, models loaded and warmed), and whether
+the veto's spans are the gated spans of the run above, span for span.
+
 Writes docs/benchmarks/ner_gate.json and the section "Entity extraction: the transformer tagger as a veto" of
 docs/benchmarks.md; ``--render`` rewrites the section from the JSON alone.
 
     .venv/bin/python benchmarks/ner_gate.py            # ~15 min on 2 cores when both configs' fold models are cached
+    .venv/bin/python benchmarks/ner_gate.py --speed    # ~3 min: adds the speed to the saved JSON
     .venv/bin/python benchmarks/ner_gate.py --render
 """
 
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -60,21 +68,13 @@ def _gate_name(g: float | None) -> str:
     return "none" if g is None else f"1-1e-{round(-math.log10(1 - g))}"
 
 
-def span_p_outside(pieces: Any, start: int, end: int) -> float | None:
-    """The lowest P(O) of the word pieces overlapping ``[start, end)`` (None: no piece overlaps)."""
-    if pieces is None:
-        return None
-    offs, logp = pieces
-    rows = [i for i, (s, e) in enumerate(offs) if s < end and e > start]
-    return math.exp(min(float(logp[i, 0]) for i in rows)) if rows else None
+def gated(pred: Sequence[Any], pieces: Sequence[Any], gate: float | None) -> list[Any]:
+    """The predicted notes through ``extraction.ner_veto``'s filter at bar ``gate`` (None: as they are)."""
+    from ctrlgen.extract.transformer_ner import veto_spans
 
-
-def gated(pred: Sequence[Any], p_out: Sequence[Sequence[float | None]], gate: float | None) -> list[Any]:
-    """The predicted notes with each span dropped whose P(O) (``p_out``, per note and span) is >= ``gate``."""
     if gate is None:
         return list(pred)
-    return [dataclasses.replace(d, entities=[e for e, p in zip(d.entities, ps, strict=True) if p is None or p < gate])
-            for d, ps in zip(pred, p_out, strict=True)]  # fmt: skip
+    return [dataclasses.replace(d, entities=veto_spans(d.entities, p, gate)) for d, p in zip(pred, pieces, strict=True)]
 
 
 def measure() -> dict[str, Any]:
@@ -99,9 +99,8 @@ def measure() -> dict[str, Any]:
         pieces = tagger.piece_logprobs([d.text for d in gold])  # from the cache: tagged once
         by = {}
         for name, pred in engines.items():
-            p_out = [[span_p_outside(pc, e.start, e.end) for e in d.entities] for d, pc in zip(pred, pieces, strict=True)]
             for g in GATES:
-                by[f"{name}|{_gate_name(g)}"] = _scores(gold, gated(pred, p_out, g))
+                by[f"{name}|{_gate_name(g)}"] = _scores(gold, gated(pred, pieces, g))
         folds.append({"patients": len(patients), "notes": len(gold), "by": by})
         print(f"[ner_gate] fold {i + 1}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return {
@@ -114,6 +113,43 @@ def measure() -> dict[str, Any]:
         "train_seconds": round(t_train + s_train, 1),
         "folds": folds,
     }
+
+
+def speed(r: dict[str, Any], passes: int = 2) -> dict[str, Any]:
+    """The spaCy engine on fold 1's held-out notes, one thread, without and with ``extraction.ner_veto`` (fold 1's
+    tagger, the bar chosen there by F2): notes/s, and whether the veto's spans equal the run's gated spans."""
+    import torch
+
+    from ctrlgen.extract.presidio import PresidioExtractor
+
+    torch.set_num_threads(1)  # one core, as a Ray actor of 1 CPU runs it
+    bar = choose(r, "spaCy engine", "F2")
+    gate = next(g for g in GATES if _gate_name(g) == bar)
+    t_cfg, t_ex, t_outer, t_models, _ = frozen_fold_models(TRANSFORMER, "transformer")
+    s_cfg, s_ex, s_outer, s_models, _ = frozen_fold_models(SPACY, "spacy")
+    gold = s_outer[CHOOSE_ON][2]
+    plain_cfg = s_ex.model_copy(update={"ner_model": s_models[CHOOSE_ON]})
+    veto_cfg = plain_cfg.model_copy(update={"ner_veto": t_models[CHOOSE_ON], "ner_veto_p_outside": gate})
+    out: dict[str, Any] = {"fold": CHOOSE_ON + 1, "notes": len(gold), "bar": bar, "passes": passes}
+    found = {}
+    for name, ecfg in (("spaCy engine", plain_cfg), ("spaCy engine + veto", veto_cfg)):
+        ext = PresidioExtractor(ecfg, s_cfg.nlp.spacy_model, "direct+quasi")
+        ext(gold[:8])  # warm
+        best = float("inf")
+        for _ in range(passes):
+            t0 = time.perf_counter()
+            found[name] = ext(gold)
+            best = min(best, time.perf_counter() - t0)
+        out[name] = round(len(gold) / best, 1)
+        print(f"[ner_gate] speed, {name}: {out[name]} notes/s", file=sys.stderr, flush=True)
+    t_ext = PresidioExtractor(t_ex.model_copy(update={"ner_model": t_models[CHOOSE_ON]}), t_cfg.nlp.spacy_model,
+                              "direct+quasi")  # fmt: skip
+    pieces = t_ext.transformer_tagger.piece_logprobs([d.text for d in gold])
+    want = gated(found["spaCy engine"], pieces, gate)
+    key = [[(e.start, e.end, e.category) for e in d.entities] for d in want]
+    out["same_spans"] = key == [[(e.start, e.end, e.category) for e in d.entities] for d in found["spaCy engine + veto"]]
+    out["spans"] = sum(len(d.entities) for d in found["spaCy engine + veto"])
+    return out
 
 
 def _objective(name: str, s: Any) -> float:
@@ -179,13 +215,32 @@ def report(r: dict[str, Any]) -> str:
     for engine in r["engines"]:
         lines += [_row(f"{engine}, {g}", _sum([f["by"][f"{engine}|{g}"] for f in r["folds"]])) for g in r["gates"]]
     lines += ["", f"Fold models trained in this run in {r['train_seconds'] / 60:.1f} min (0 when all were cached)."]
+    sp = r.get("speed")
+    if sp:
+        lines += [
+            "",
+            f"**Speed** (`--speed`): the product's path, `extraction.ner_veto` in the spaCy engine at bar {sp['bar']}, "
+            f"on fold {sp['fold']}'s {sp['notes']} held-out notes, one thread, best of {sp['passes']} passes, models "
+            f"loaded and warmed: the spaCy engine **{sp['spaCy engine']:.1f}** notes/s, with the veto "
+            f"**{sp['spaCy engine + veto']:.1f}** notes/s "
+            f"({sp['spaCy engine + veto'] / sp['spaCy engine']:.2f}x); the unknown-setting job's target is 100 "
+            f"notes/s per core. Its {sp['spans']} spans are "
+            + ("the gated spans above, span for span." if sp["same_spans"] else "**not** the gated spans above.")
+            + f" Measured on {sp.get('date', '?')}.",
+        ]
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--render", action="store_true", help="rewrite the section from the saved JSON")
+    ap.add_argument("--speed", action="store_true", help="add the veto's speed (the product's path) to the saved JSON")
     args = ap.parse_args()
+    if args.speed:
+        r = json.loads(JSON.read_text())
+        r["speed"] = {**speed(r), "date": provenance("ner_gate.py", [])["date"]}
+        publish(TITLE, JSON, report, r)
+        return
     publish(TITLE, JSON, report, None if args.render else measure())
 
 

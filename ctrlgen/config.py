@@ -367,6 +367,22 @@ class ExtractionConfig(_Model):
         "BF16 or AMX; on a GPU too). Its spans are not exactly float32's (docs/benchmarks.md, the transformer NER's "
         "number format).",
     )
+    ner_veto: str | None = Field(
+        None,
+        description="A transformer NER trained by `ctrlgen train-ner` (its directory; e.g. "
+        "configs/extract_physionet_transformer.yaml's) that vetoes the engine's spans after every rule: a span is "
+        "dropped when that tagger's probability of 'outside every entity' is at least ner_veto_p_outside on every "
+        "word piece overlapping it. Precision for little recall (docs/benchmarks.md, the transformer tagger as a "
+        "veto), at the tagger's speed. The in-fold rule selection (rule_tuning) scores the engine before the veto.",
+    )
+    ner_veto_p_outside: float = Field(
+        0.999,
+        gt=0.0,
+        le=1.0,
+        description="ner_veto's bar: a span goes when the tagger's P(O) is at least this on each of its pieces "
+        "(higher: fewer spans dropped). 0.999 was chosen on one patient fold of PhysioNet by F2 and by issue 41's "
+        "two targets alike (benchmarks/ner_gate.py).",
+    )
     ner_beam_bar: float | None = Field(
         None,
         gt=0.0,

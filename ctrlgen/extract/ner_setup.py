@@ -100,12 +100,17 @@ def ensure_ner_model(cfg: CtrlgenConfig, log: Callable[[str], None] = _log) -> N
     when it is not trained yet (nothing to do in the known setting, without a ner_model, or for a URI).
 
     Raises:
-        CtrlgenError: the model is missing and no training data is configured.
+        CtrlgenError: the model is missing and no training data is configured; ``extraction.ner_veto`` holds no
+            trained transformer NER (it is never trained on first use).
     """
     from ctrlgen import storage
     from ctrlgen.extract.ner import META_FILE
 
     ex = cfg.extraction
+    if ex.setting == "unknown" and ex.ner_veto:  # not trained on first use: named here, before any actor starts
+        from ctrlgen.extract.transformer_ner import check_veto_model
+
+        check_veto_model(ex.ner_veto)
     if ex.setting != "unknown" or not ex.ner_model or storage.is_uri(ex.ner_model):
         return
     if (Path(ex.ner_model) / META_FILE).is_file():

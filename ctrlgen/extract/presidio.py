@@ -595,6 +595,16 @@ def _below_age(text: str, r: Any, min_age: int) -> bool:
     return name == "AgeRecognizer" and value.isdigit() and int(value) < min_age
 
 
+def _veto_tagger(cfg: ExtractionConfig) -> Any:
+    """``extraction.ner_veto``'s tagger (None when unset); a clear error when it is not a trained transformer NER."""
+    if not cfg.ner_veto:
+        return None
+    from ctrlgen.extract.transformer_ner import TransformerTagger, check_veto_model
+
+    check_veto_model(cfg.ner_veto)
+    return TransformerTagger(cfg.ner_veto, dtype=cfg.ner_dtype)  # its number format: extraction.ner_dtype
+
+
 class PresidioExtractor:
     """Finds private entities with a configured Presidio engine; load once, call per batch."""
 
@@ -650,6 +660,7 @@ class PresidioExtractor:
         self._entities = sorted({e for r in registry.recognizers for e in r.supported_entities})
         self._kinds = identifier_kinds(identifiers)
         self._common: frozenset[str] = lists.common if lists is not None else frozenset()
+        self._veto = _veto_tagger(cfg)
         self.load_seconds = time.perf_counter() - t0
 
     @property
@@ -677,6 +688,11 @@ class PresidioExtractor:
                 score_threshold=self.cfg.score_threshold,
             )
             out.append(self.finish(text, results))
+        if self._veto is not None and texts:  # the tagger's doubt, after every rule (extraction.ner_veto)
+            from ctrlgen.extract.transformer_ner import veto_spans
+
+            pieces = self._veto.piece_logprobs(list(texts))
+            out = [veto_spans(ents, p, self.cfg.ner_veto_p_outside) for ents, p in zip(out, pieces, strict=True)]
         return out
 
     def finish(self, text: str, results: Sequence[Any], cfg: ExtractionConfig | None = None) -> list[Entity]:

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import random
@@ -37,7 +38,7 @@ from typing import Any
 
 from ctrlgen.errors import CtrlgenError
 from ctrlgen.extract.ner import LABELS, META_FILE, NerTrainResult, Surrogates, augment
-from ctrlgen.schema import Document
+from ctrlgen.schema import Document, Entity
 
 __all__ = [
     "BIO",
@@ -226,6 +227,31 @@ def spans_from_tags(
     if cur is not None:
         out.append((cur[0], cur[1], cur[2], cur[3] / cur[4]))
     return out
+
+
+def span_p_outside(pieces: tuple[list[tuple[int, int]], Any] | None, start: int, end: int) -> float | None:
+    """The lowest probability of "outside every entity" (P(O)) among the word pieces overlapping ``[start, end)``,
+    from :meth:`TransformerTagger.piece_logprobs` (offsets sorted); None when no piece overlaps the span."""
+    if pieces is None:
+        return None
+    offs, logp = pieces
+    lo = max(0, bisect.bisect_right(offs, (start, start)) - 1)  # a piece that starts before the span may reach in
+    hi = bisect.bisect_left(offs, (end, end))
+    rows = [i for i in range(lo, hi) if offs[i][0] < end and offs[i][1] > start]
+    return math.exp(min(float(logp[i, 0]) for i in rows)) if rows else None
+
+
+def veto_spans(
+    ents: Sequence[Entity], pieces: tuple[list[tuple[int, int]], Any] | None, p_outside: float
+) -> list[Entity]:
+    """``ents`` less those the tagger is sure are not private: P(O) >= ``p_outside`` on every word piece overlapping
+    them (``extraction.ner_veto``). A span no piece overlaps is kept."""
+    kept = []
+    for e in ents:
+        p = span_p_outside(pieces, e.start, e.end)
+        if p is None or p < p_outside:
+            kept.append(e)
+    return kept
 
 
 def _widen_to_words(text: str, start: int, end: int) -> tuple[int, int]:
@@ -476,6 +502,24 @@ def is_transformer_model(path: str | Path) -> bool:
     if not meta.is_file():
         return False
     return json.loads(meta.read_text()).get("trained_on", {}).get("kind") == "transformer"
+
+
+def check_veto_model(path: str) -> None:
+    """A clear error unless ``path`` (``extraction.ner_veto``) is a local directory holding a trained transformer NER.
+
+    Raises:
+        AssetError: it is a URI, or holds no transformer NER (with the command that trains one).
+    """
+    from ctrlgen import storage
+    from ctrlgen.errors import AssetError
+
+    if storage.is_uri(path):
+        raise AssetError(f"extraction.ner_veto: {path} is a URI; the veto's tagger is read from a local directory")
+    if not is_transformer_model(path):
+        raise AssetError(
+            f"extraction.ner_veto: {path} is not a transformer NER trained by `ctrlgen train-ner` (train one first, "
+            "e.g. `ctrlgen train-ner -c configs/extract_physionet_transformer.yaml`)"
+        )
 
 
 def _register() -> None:

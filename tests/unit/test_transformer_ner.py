@@ -291,3 +291,66 @@ def test_the_report_scores_the_transformer_beside_the_spacy_ner(tmp_path, shared
                     "ctrlgen (rules alone, no NER)"):  # fmt: skip
             assert f"| {row} | ALL |" in section, row
     assert physionet.count("ctrlgen (rules alone, no NER) | ALL") == 1
+
+
+def test_span_p_outside_takes_the_least_sure_piece_overlapping_the_span() -> None:
+    import math
+
+    import torch
+
+    from ctrlgen.extract.transformer_ner import span_p_outside, veto_spans
+
+    offs = [(0, 2), (3, 5), (5, 8), (10, 12)]
+    p_o = [0.5, 0.9999, 0.99, 0.2]
+    logp = torch.tensor([[math.log(p), math.log(1 - p)] for p in p_o])
+    pieces = (offs, logp)
+    assert span_p_outside(pieces, 3, 5) == pytest.approx(0.9999)
+    assert span_p_outside(pieces, 4, 7) == pytest.approx(0.99)  # inside two pieces: the less sure one
+    assert span_p_outside(pieces, 0, 12) == pytest.approx(0.2)
+    assert span_p_outside(pieces, 8, 10) is None and span_p_outside(None, 0, 2) is None  # no piece overlaps
+    ents = [Entity(s, e, "x" * (e - s), "PERSON", "DIRECT", "t") for s, e in ((3, 5), (3, 8), (8, 10), (10, 12))]
+    kept = veto_spans(ents, pieces, 0.999)
+    assert [(e.start, e.end) for e in kept] == [(3, 8), (8, 10), (10, 12)]
+    assert veto_spans(ents, pieces, 0.9) == [ents[2], ents[3]]
+    assert veto_spans(ents, None, 0.5) == ents  # a note without pieces: nothing to judge by
+
+
+def test_the_tagger_vetoes_the_engine_spans_it_is_sure_are_not_private(tmp_path, trained) -> None:
+    from ctrlgen.errors import AssetError
+    from ctrlgen.extract.presidio import PresidioExtractor
+
+    text = "Pt seen today. Spoke with Dan Brown about the plan. Call 617-555-1234. Vitals stable overnight."
+    base = ExtractionConfig(
+        setting="unknown", ner_model=trained, recognizers=["SpacyRecognizer", "ClinicalPhoneRecognizer"]
+    )
+    (ents,) = PresidioExtractor(base).extract_texts([text])
+    assert {(e.text, e.category) for e in ents} == {("Dan Brown", "PERSON"), ("617-555-1234", "CODE")}
+    tagger = TransformerTagger(trained, device="cpu")
+    (pieces,) = tagger.piece_logprobs([text])
+    from ctrlgen.extract.transformer_ner import span_p_outside
+
+    p_phone = span_p_outside(pieces, text.index("617"), text.index("1234") + 4)
+    p_name = span_p_outside(pieces, text.index("Dan"), text.index("Brown") + 5)
+    assert p_name < p_phone  # the tagger learnt names, never phone numbers
+    bar = (p_name + p_phone) / 2
+    vetoed = PresidioExtractor(base.model_copy(update={"ner_veto": trained, "ner_veto_p_outside": bar}))
+    (kept,) = vetoed.extract_texts([text])
+    assert [(e.text, e.category) for e in kept] == [("Dan Brown", "PERSON")]
+    assert vetoed.extract_texts([]) == []
+    lax = PresidioExtractor(base.model_copy(update={"ner_veto": trained, "ner_veto_p_outside": 1.0}))
+    assert {(e.text, e.category) for e in lax.extract_texts([text])[0]} >= {("Dan Brown", "PERSON")}
+    with pytest.raises(AssetError, match="ner_veto: .* is not a transformer NER"):
+        PresidioExtractor(base.model_copy(update={"ner_veto": str(tmp_path)}))
+
+
+def test_the_extraction_job_names_a_missing_veto_tagger_before_it_starts(tmp_path) -> None:
+    from ctrlgen.config import load_config
+    from ctrlgen.errors import AssetError
+    from ctrlgen.extract.ner_setup import ensure_ner_model
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "extract_physionet_veto.yaml"
+    cfg = load_config(config, [f"extraction.ner_veto={tmp_path}"])
+    with pytest.raises(AssetError, match="ner_veto: .* is not a transformer NER .*ctrlgen train-ner"):
+        ensure_ner_model(cfg)
+    with pytest.raises(AssetError, match="is a URI"):
+        ensure_ner_model(load_config(config, ["extraction.ner_veto=s3://bucket/tagger"]))
