@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrlgen.config import ExtractionConfig, NerTrainingConfig
+from ctrlgen.errors import ConfigError
 from ctrlgen.extract.ner import (
     META_FILE,
     NUMERICS,
@@ -142,6 +143,16 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def refuse_veto(extraction: ExtractionConfig) -> None:
+    """A clear error for a cross-validation of an engine with ``extraction.ner_veto`` (see :func:`cross_validate`)."""
+    if extraction.ner_veto:
+        raise ConfigError(
+            "extraction.ner_veto: the cross-validation does not train a veto tagger per fold, and the configured one "
+            "has seen every note; run it without the veto (extraction.ner_veto=null), or see benchmarks/ner_gate.py "
+            "for the veto's patient-level figures"
+        )
+
+
 def cross_validate(
     docs: Sequence[Document],
     extraction: ExtractionConfig,
@@ -156,11 +167,16 @@ def cross_validate(
     folds' notes (:func:`~ctrlgen.extract.rules.select_rules`), scored there by an inner cross-validation
     of ``rule_tuning.inner_folds`` patient folds: the held-out fold is used neither to train the NER nor
     to choose the rules.
+
+    Raises:
+        ConfigError: ``extraction.ner_veto`` is set: its one tagger, trained on every note, would judge notes it
+            was trained on (the veto's patient-level CV: benchmarks/ner_gate.py, fold taggers).
     """
     import time
 
     from ctrlgen.extract.presidio import PresidioExtractor
 
+    refuse_veto(extraction)
     how, tuning = extraction.ner_training, extraction.rule_tuning
     k = how.folds
     outer = _fold_jobs(docs, k, extraction, cache, base_model, corpus_name)

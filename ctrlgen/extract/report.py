@@ -220,8 +220,11 @@ def extraction_report(
     ``seeds``: more training seeds (each its own patient folds and NER weights) whose pooled
     cross-validated figures are listed beside the configured seed's, with their mean and sd.
     """
-    from ctrlgen.extract.crossval import cross_validate
+    from ctrlgen.extract.crossval import cross_validate, refuse_veto
     from ctrlgen.extract.deid_tool import run_deid
+
+    for c in [cfg, *also]:  # before any engine runs
+        refuse_veto(c.extraction)
 
     _one_thread()  # the speeds are per core: a transformer NER would otherwise run on every core
 

@@ -354,3 +354,13 @@ def test_the_extraction_job_names_a_missing_veto_tagger_before_it_starts(tmp_pat
         ensure_ner_model(cfg)
     with pytest.raises(AssetError, match="is a URI"):
         ensure_ner_model(load_config(config, ["extraction.ner_veto=s3://bucket/tagger"]))
+
+
+def test_the_cross_validation_refuses_a_veto_tagger_that_saw_every_note(tmp_path) -> None:
+    from ctrlgen.errors import ConfigError
+    from ctrlgen.extract.crossval import cross_validate
+
+    ex = ExtractionConfig(setting="unknown", ner_model=str(tmp_path / "ner"), ner_veto=str(tmp_path / "tagger"))
+    with pytest.raises(ConfigError, match="ner_veto: the cross-validation does not train a veto tagger per fold"):
+        cross_validate(_notes(), ex, tmp_path)
+    assert not any(tmp_path.iterdir())  # refused before any training
