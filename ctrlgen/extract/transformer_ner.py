@@ -49,10 +49,13 @@ __all__ = [
     "TransformerTagger",
     "Window",
     "case_ids",
+    "check_veto_model",
     "load_pipeline",
+    "span_p_outside",
     "spans_from_tags",
     "token_labels",
     "train_transformer_ner",
+    "veto_spans",
     "windows",
 ]
 
