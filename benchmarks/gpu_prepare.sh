@@ -10,7 +10,8 @@
 # With --kernels instead (for benchmarks/kernels_run.sh: the clinical NER trained on the lent machine's CPU, issue
 # 41 item 4), only: .gpu/kernels-site.tar.xz (the locked spaCy / Presidio / numpy closure for CPython 3.12,
 # installed, tests dropped, spaCy's extensions stripped of symbols: ~120 MB of wheels in ~20 MB), .gpu/data,
-# .gpu/deid/{lists,dict} (the deid tool's general lists the training's surrogates use) and .gpu/COMMIT.
+# .gpu/deid/{lists,dict} (the deid tool's general lists the training's surrogates use), .gpu/COMMIT, and for
+# benchmarks/veto_gpu.py .gpu/ner-spacy (make setup's NER) and .gpu/ner-tagger-arch.
 # KERNELS_PYVER=3.11 builds it for this machine's Python instead (a dry run here: benchmarks/kernels_run.sh).
 # Usage: bash benchmarks/gpu_prepare.sh [--ray | --kernels]
 set -euo pipefail
@@ -41,6 +42,10 @@ if [[ "${1:-}" == "--kernels" ]]; then
   tar -C "$site" -cJf .gpu/kernels-site.tar.xz . && rm -rf "$site"
   cp -r ../shared/data/physionet-deid .gpu/data/
   mkdir -p .gpu/deid && cp -r ../shared/tools/physionet-deid/lists ../shared/tools/physionet-deid/dict .gpu/deid/
+  # benchmarks/veto_gpu.py there: the configured spaCy NER (make setup's, ~5 MB) and the tagger's shapes (~1 MB)
+  [ -f .cache/ner/physionet-deid/ctrlgen_ner.json ] || { echo "no .cache/ner/physionet-deid: run make setup" >&2; exit 1; }
+  cp -r .cache/ner/physionet-deid .gpu/ner-spacy
+  $PY benchmarks/ner_gpu.py --prepare
   git rev-parse --short HEAD > .gpu/COMMIT
   [ -z "$(git status --porcelain -- ctrlgen pyproject.toml requirements.lock)" ] || \
     sed -i 's/$/ + uncommitted changes/' .gpu/COMMIT

@@ -6,7 +6,8 @@
 #   here:  .venv/bin/python benchmarks/ner_kernels.py --merge <files_at>/ner_kernels_entry.json
 # Unpacks the carried site (.gpu/kernels-site.tar.xz: the locked spaCy / Presidio / numpy for CPython 3.12; the
 # machine reaches no registry) and runs ner_kernels.py on the carried notes and lists; its entry (this CPU's
-# hashes, and the CV with --cv) and log land in $OUT (default runs/kernels).
+# hashes, and the CV with --cv) and log land in $OUT (default runs/kernels). Where CUDA is, then
+# benchmarks/veto_gpu.py (the veto engine with its tagger on the GPU): back here, `veto_gpu.py --render FILE`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -22,4 +23,10 @@ export KERNELS_RUN="bash benchmarks/kernels_run.sh${*:+ $*}"  # the command the 
 "$PY" benchmarks/ner_kernels.py --physionet .gpu/data/physionet-deid --deid-lists .gpu/deid \
   --commit "$(cat .gpu/COMMIT 2>/dev/null || echo '?')" --entry "$OUT/ner_kernels_entry.json" "$@" \
   2>&1 | tee "$OUT/ner_kernels.log"
-exit "${PIPESTATUS[0]}"
+rc="${PIPESTATUS[0]}"
+# the veto engine with its tagger on the GPU (benchmarks/veto_gpu.py), where there is one
+if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  CTRLGEN_PHYSIONET=.gpu/data/physionet-deid timeout 240 "$PY" benchmarks/veto_gpu.py --out "$OUT/veto_gpu.json" \
+    2>&1 | tee "$OUT/veto_gpu.log"
+fi
+exit "$rc"

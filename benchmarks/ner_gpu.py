@@ -65,7 +65,8 @@ def prepare(arch: Path = ARCH) -> Path:
     arch.mkdir(parents=True, exist_ok=True)
     cfg.save_pretrained(str(arch))
     AutoTokenizer.from_pretrained(str(base), local_files_only=True).save_pretrained(str(arch))
-    meta = {"trained_on": {"max_length": h.max_length, "stride": h.stride, "encoder": h.encoder, "config": CONFIG},
+    meta = {"trained_on": {"kind": "transformer", "max_length": h.max_length, "stride": h.stride, "encoder": h.encoder,
+                           "config": CONFIG},
             "weights": "none: random weights of these shapes are drawn where the benchmark runs"}  # fmt: skip
     (arch / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")
     return arch
