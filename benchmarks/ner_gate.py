@@ -66,6 +66,7 @@ JSON = ROOT / "docs" / "benchmarks" / "ner_gate.json"
 TITLE = "Entity extraction: the transformer tagger as a veto"
 TRANSFORMER = "configs/extract_physionet_transformer.yaml"
 SPACY = "configs/extract_physionet_ner.yaml"
+DEID = ROOT.parent / "shared" / "tools" / "physionet-deid"
 GATES: tuple[float | None, ...] = (None, *(1 - 10.0**-k for k in range(1, 7)))
 CHOOSE_ON = 0  # fold 1
 OBJECTIVES = ("F2", "both targets")
@@ -91,9 +92,6 @@ def union(first: Sequence[Any], second: Sequence[Any]) -> list[Any]:
         extra = [e for e in b.entities if not any(e.start < x.end and x.start < e.end for x in a.entities)]
         out.append(dataclasses.replace(a, entities=sorted([*a.entities, *extra], key=lambda e: (e.start, e.end))))
     return out
-
-
-DEID = ROOT.parent / "shared" / "tools" / "physionet-deid"
 
 
 def found_by_type(gold: Sequence[Any], pred: Sequence[Any]) -> dict[str, int]:
