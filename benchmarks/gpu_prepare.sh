@@ -25,6 +25,8 @@ dl() {
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d .gpu/whl "$@"
 }
 ver() { $PY -c "import importlib.metadata as m; print(m.version('$1'))"; }
+cp -r ../shared/data/physionet-deid .gpu/data/
+$PY benchmarks/ner_gpu.py --prepare  # the transformer NER's shapes: config + tokenizer (~1 MB)
 if [[ "${1:-}" == "--kernels" ]]; then
   pyver="${KERNELS_PYVER:-3.12}"
   # the NER's training and the CV's engine; no torch: a lent machine has it, and the spaCy NER does not use it
@@ -40,12 +42,10 @@ if [[ "${1:-}" == "--kernels" ]]; then
   # patchelf, which strip can break); their figures are the ones in question
   find "$site" -name '*.so' -not -path "$site/numpy*" -exec strip --strip-unneeded {} +
   tar -C "$site" -cJf .gpu/kernels-site.tar.xz . && rm -rf "$site"
-  cp -r ../shared/data/physionet-deid .gpu/data/
   mkdir -p .gpu/deid && cp -r ../shared/tools/physionet-deid/lists ../shared/tools/physionet-deid/dict .gpu/deid/
   # benchmarks/veto_gpu.py there: the configured spaCy NER (make setup's, ~5 MB) and the tagger's shapes (~1 MB)
   [ -f .cache/ner/physionet-deid/ctrlgen_ner.json ] || { echo "no .cache/ner/physionet-deid: run make setup" >&2; exit 1; }
   cp -r .cache/ner/physionet-deid .gpu/ner-spacy
-  $PY benchmarks/ner_gpu.py --prepare
   git rev-parse --short HEAD > .gpu/COMMIT
   [ -z "$(git status --porcelain -- ctrlgen pyproject.toml requirements.lock)" ] || \
     sed -i 's/$/ + uncommitted changes/' .gpu/COMMIT
@@ -67,8 +67,6 @@ if [[ "${1:-}" == "--ray" ]]; then
     sed -i -E '/^ray\/(jars|rllib)\//d; /^ray\/dashboard\/client\/build\/.*\.map,/d' ray-*.dist-info/RECORD && \
     rm "$OLDPWD/$w" && zip -qr "$OLDPWD/$w" .) && rm -rf "$tmp"
 fi
-cp -r ../shared/data/physionet-deid .gpu/data/
-$PY benchmarks/ner_gpu.py --prepare  # the transformer NER's shapes: config + tokenizer (~1 MB)
 src=$($PY -c "from ctrlgen.models import prepare_builtin; print(prepare_builtin())")
 cp "$src"/config.json "$src"/tokenizer.json "$src"/tokenizer_config.json .gpu/smollm2-arch/
 cp "$src"/generation_config.json .gpu/smollm2-arch/ 2>/dev/null || true

@@ -152,6 +152,7 @@ def speed(r: dict[str, Any], passes: int = 2) -> dict[str, Any]:
     """The spaCy engine on fold 1's held-out notes, one thread, without and with ``extraction.ner_veto`` (fold 1's
     tagger, the bar chosen there by F2): notes/s, and whether the veto's spans equal the run's gated spans."""
     import torch
+    from veto_gpu import best_pass
 
     from ctrlgen.extract.presidio import PresidioExtractor
 
@@ -166,13 +167,7 @@ def speed(r: dict[str, Any], passes: int = 2) -> dict[str, Any]:
     out: dict[str, Any] = {"fold": CHOOSE_ON + 1, "notes": len(gold), "bar": bar, "passes": passes}
     found = {}
     for name, ecfg in (("spaCy engine", plain_cfg), ("spaCy engine + veto", veto_cfg)):
-        ext = PresidioExtractor(ecfg, s_cfg.nlp.spacy_model, "direct+quasi")
-        ext(gold[:8])  # warm
-        best = float("inf")
-        for _ in range(passes):
-            t0 = time.perf_counter()
-            found[name] = ext(gold)
-            best = min(best, time.perf_counter() - t0)
+        best, found[name] = best_pass(PresidioExtractor(ecfg, s_cfg.nlp.spacy_model, "direct+quasi"), gold, passes)
         out[name] = round(len(gold) / best, 1)
         print(f"[ner_gate] speed, {name}: {out[name]} notes/s", file=sys.stderr, flush=True)
     t_ext = PresidioExtractor(t_ex.model_copy(update={"ner_model": t_models[CHOOSE_ON]}), t_cfg.nlp.spacy_model,
@@ -186,10 +181,9 @@ def speed(r: dict[str, Any], passes: int = 2) -> dict[str, Any]:
 
 
 def _objective(name: str, s: Any) -> float:
-    p, r = s.precision, s.recall
-    if name == "F2":
-        return 0.0 if p + r == 0 else 5 * p * r / (4 * p + r)
-    return both_targets(p, r)
+    from ctrlgen.extract.rules import f_beta
+
+    return f_beta(s.precision, s.recall, 2.0) if name == "F2" else both_targets(s.precision, s.recall)
 
 
 def choose(r: dict[str, Any], engine: str, objective: str) -> str:

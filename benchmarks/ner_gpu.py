@@ -101,6 +101,20 @@ def tagger_dir(model: str | None, arch: Path) -> tuple[Path, str]:
     return target, "random weights of the configured tagger's shapes, its head biased to O (speed only)"
 
 
+def run_header(device: str, weights: str, config: str) -> dict[str, Any]:
+    """The first keys of a device run's JSON: the day, the device, the host's CPU, torch, the weights, the config."""
+    import torch
+
+    return {
+        "date": datetime.now(UTC).date().isoformat(),
+        "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "CPU",
+        "host_cpu": cpu_name(isa=True),
+        "torch": torch.__version__,
+        "weights": weights,
+        "config": config,
+    }
+
+
 def _notes(limit: int | None) -> list[str]:
     from ctrlgen.config import PhysionetCorpusConfig
     from ctrlgen.corpora import load_corpus
@@ -160,12 +174,7 @@ def measure(
     torch.set_num_threads(threads)
     n_windows = len(windows(tagger.tokenizer, texts, tagger.max_length, tagger.stride))
     return {
-        "date": datetime.now(UTC).date().isoformat(),
-        "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "CPU",
-        "host_cpu": cpu_name(isa=True),
-        "torch": torch.__version__,
-        "weights": weights,
-        "config": CONFIG,
+        **run_header(device, weights, CONFIG),
         "notes": len(texts),
         "windows": n_windows,
         "max_length": tagger.max_length,

@@ -21,7 +21,6 @@ import argparse
 import json
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,27 +28,33 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from _report import cpu_name, publish  # noqa: E402
+from _report import publish  # noqa: E402
 
 CONFIG = "configs/extract_physionet_veto.yaml"
 JSON = ROOT / "docs" / "benchmarks" / "veto_gpu.json"
 TITLE = "Entity extraction: the veto engine on a GPU actor"
 
 
-def _timed(ext: Any, docs: list[Any], passes: int) -> dict[str, Any]:
+def best_pass(ext: Any, docs: list[Any], passes: int) -> tuple[float, list[Any]]:
+    """An engine over ``docs`` after a warm-up: the fastest of ``passes`` passes in seconds, and its output."""
     ext(docs[:8])  # warm: the first batch loads kernels and caches
-    best = float("inf")
+    best, out = float("inf"), []
     for _ in range(passes):
         t0 = time.perf_counter()
         out = ext(docs)
         best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def _timed(ext: Any, docs: list[Any], passes: int) -> dict[str, Any]:
+    best, out = best_pass(ext, docs, passes)
     return {"notes_per_s": round(len(docs) / best, 1), "seconds": round(best, 2),
             "spans": sum(len(d.entities) for d in out)}  # fmt: skip
 
 
 def measure(device: str, spacy_ner: Path, arch: Path, deid: Path, limit: int | None, passes: int) -> dict[str, Any]:
     import torch
-    from ner_gpu import _notes, tagger_dir
+    from ner_gpu import _notes, run_header, tagger_dir
 
     from ctrlgen.config import load_config
     from ctrlgen.extract.presidio import PresidioExtractor
@@ -79,12 +84,7 @@ def measure(device: str, spacy_ner: Path, arch: Path, deid: Path, limit: int | N
         rows[-1]["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     print(f"[veto_gpu] {rows[-1]}", file=sys.stderr, flush=True)
     return {
-        "date": datetime.now(UTC).date().isoformat(),
-        "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "CPU",
-        "host_cpu": cpu_name(isa=True),
-        "torch": torch.__version__,
-        "weights": weights,
-        "config": CONFIG,
+        **run_header(device, weights, CONFIG),
         "notes": len(docs),
         "passes": passes,
         "dry_run": not device.startswith("cuda") or limit is not None,
