@@ -290,7 +290,8 @@ def report(r: dict[str, Any]) -> str:
             elif same:
                 ranges.append(f"{name}: one CPU so far")
         lines += ["", "Range over CPUs, per numerics: " + "; ".join(ranges) + "."]
-    runs = [f"{m['cpu']['key']}: `{m['command']}`" for m in machines.values() if m.get("command")]
+    runs = [f"{m['cpu']['key']}: `{m['command']}`" + (f" ({m['note']})" if m.get("note") else "")
+            for m in machines.values() if m.get("command")]
     if runs:
         lines += ["", "Each CPU's run: " + "; ".join(runs) + "."]
     lines += [
