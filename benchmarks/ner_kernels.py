@@ -229,6 +229,21 @@ def _numerics_legend(machines: dict[str, Any]) -> dict[str, str]:
     return {f"N{i + 1}": v for i, v in enumerate(seen)}
 
 
+def _same_weights(machines: dict[str, Any], legend: dict[str, str]) -> list[str]:
+    """For each training key, its distinct configured-NER hashes and the CPUs that trained each (one hash: one
+    model on all of them)."""
+    by_key: dict[str, dict[str, list[str]]] = {}
+    for m in machines.values():
+        key = f"`{m['configured'].get('key', '?')}` ({legend[m.get('numerics', OLD_NUMERICS)]})"
+        by_key.setdefault(key, {}).setdefault(m["configured"]["sha256"][:8], []).append(m["cpu"]["key"])
+    out = []
+    for key, hashes in by_key.items():
+        n = sum(len(c) for c in hashes.values())
+        head = f"{key}: " + (f"one model on {n} CPUs" if len(hashes) == 1 else f"{len(hashes)} models over {n} CPUs")
+        out.append(head + " (" + "; ".join(f"`{h}` on {', '.join(c)}" for h, c in hashes.items()) + ")")
+    return out
+
+
 def report(r: dict[str, Any]) -> str:
     from ctrlgen.extract.ner_setup import cv_range, cv_row
 
@@ -252,6 +267,8 @@ def report(r: dict[str, Any]) -> str:
                      f"{c['blis']} | {c.get('software', '?')} | {legend[m.get('numerics', OLD_NUMERICS)]} | "
                      f"`{m['configured'].get('key', '?')}` | `{m['configured']['sha256'][:16]}` | "
                      f"{m['configured']['seconds']:.0f} | {m['commit']} | {m['date']} |")  # fmt: skip
+    lines += ["", "Per training (one cache key), the configured NER's weights over the CPUs that trained it: "
+              + "; ".join(_same_weights(machines, legend)) + "."]
     emulated = [(m, e) for m in machines.values() for e in m["reduced"].get("emulated", [])]
     if emulated:
         lines += [
