@@ -28,6 +28,10 @@ printed in the kept CI logs (docs/benchmarks/suite/) and which CPU and numerics 
     .venv/bin/python benchmarks/ner_kernels.py --cv --emulate Haswell-v4,EPYC-Milan  # + emulated CPUs (~20 min)
     .venv/bin/python benchmarks/ner_kernels.py --setup-log LOG  # also keep a pre-change `make setup` log's hash
     .venv/bin/python benchmarks/ner_kernels.py --render
+    # the reduced training under another C library, e.g. Ubuntu 24.04's (the lent GPU hosts' glibc 2.39):
+    curl -O http://archive.ubuntu.com/ubuntu/pool/main/g/glibc/libc6_2.39-0ubuntu8.12_amd64.deb
+    dpkg-deb -x libc6_2.39-0ubuntu8.12_amd64.deb /tmp/libc6_2.39-0ubuntu8.12_amd64
+    .venv/bin/python benchmarks/ner_kernels.py --loader /tmp/libc6_2.39-0ubuntu8.12_amd64/usr/lib/x86_64-linux-gnu
 
 On a lent machine (its CPU, without this repository's virtual environment): ``bash benchmarks/kernels_run.sh`` there
 runs this script with ``--entry`` (the CPU's entry to a file, docs untouched), and ``--merge FILE`` here adds it.
@@ -117,16 +121,46 @@ def cpu() -> dict[str, Any]:
     }
 
 
-def _child(mode: str, notes: int, epochs: int, out: str, env: dict[str, str], emulate: str = "") -> dict[str, Any]:
+def _child(mode: str, notes: int, epochs: int, out: str, env: dict[str, str], emulate: str = "",
+           python: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
     """One reduced training in a fresh process; ``emulate``: a qemu-user CPU model to run it under (its CPUID: vendor
-    and features, every instruction emulated on this machine)."""
+    and features, every instruction emulated on this machine); ``python``: the command that starts the interpreter
+    instead of :data:`PY` (another C library's loader: :func:`loader_python`)."""
     code = _CHILD.format(root=str(ROOT), config=str(ROOT / CONFIG), notes=notes, out=out, epochs=epochs, mode=mode,
                          overrides=OVERRIDES)
-    cmd = (["qemu-x86_64", "-cpu", emulate] if emulate else []) + [PY, "-c", code]
+    cmd = (["qemu-x86_64", "-cpu", emulate] if emulate else []) + [*(python or [PY]), "-c", code]
     res = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT)
     if res.returncode:
         raise SystemExit(f"reduced training ({mode}) failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def loader_python(libdir: Path) -> tuple[list[str], dict[str, str], str]:
+    """The command that runs :data:`PY`'s interpreter on the C library in ``libdir`` (a folder with its loader, libc
+    and libm: e.g. an unpacked libc6 package's usr/lib/x86_64-linux-gnu) through that loader, the environment that
+    gives it :data:`PY`'s packages, and that C library's version as the interpreter reports it."""
+    ld = libdir / "ld-linux-x86-64.so.2"
+    if not ld.is_file():
+        raise SystemExit(f"--loader {libdir}: no ld-linux-x86-64.so.2 there")
+    where = "import sys, sysconfig, site; print(sys._base_executable); print(sysconfig.get_config_var('LIBDIR')); " \
+            "print(site.getsitepackages()[0])"  # fmt: skip
+    real, pylib, site_dir = subprocess.run([PY, "-c", where], capture_output=True, text=True, check=True).stdout.split()
+    cmd = [str(ld), "--library-path", f"{libdir}:{pylib}", str(Path(real).resolve())]
+    env = {"PYTHONPATH": os.pathsep.join([site_dir, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    libc = subprocess.run([*cmd, "-c", "import platform; print(' '.join(platform.libc_ver()))"], env={**os.environ, **env},
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    return cmd, env, libc
+
+
+def under_loader(libdir: Path, notes: int, epochs: int) -> dict[str, Any]:
+    """The reduced training (numpy path, pinned environment) on this machine under another C library."""
+    from ctrlgen.extract.ner import pinned_blas_env
+
+    cmd, env, libc = loader_python(libdir)
+    with tempfile.TemporaryDirectory() as tmp:
+        run = _child("numpy", notes, epochs, f"{tmp}/loader", {**pinned_blas_env(), **env}, python=cmd)
+    print(f"[ner_kernels] under {libc} ({libdir}): {run}", file=sys.stderr, flush=True)
+    return {"libc": libc, "libdir": str(libdir), **run}
 
 
 def configured(env: dict[str, str], out: str) -> dict[str, Any]:
@@ -287,6 +321,20 @@ def report(r: dict[str, Any]) -> str:
         native = [(m, x) for m, e in emulated[:1] for x in m["reduced"]["runs"]["numpy"][:1]]
         lines += [f"| {m['cpu']['key']} | none (native) | numerics {legend[m.get('numerics', OLD_NUMERICS)]} | "
                   f"`{x['sha256'][:12]}` | {x['seconds']:.0f} |" for m, x in native]  # fmt: skip
+    loaders = [(m, x) for m in machines.values() for x in m["reduced"].get("loaders", [])]
+    if loaders:
+        lines += [
+            "",
+            "The same reduced training (numpy path) on one machine under another C library (`--loader`: the "
+            "interpreter started through that library's loader, so libc and libm are that version's): a hash equal "
+            "to the machine's own shows the C library does not change the weights.",
+            "",
+            "| machine | its own C library | run under | sha256 | its own sha256 | s |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [f"| {m['cpu']['key']} | {m['cpu'].get('software', '?').split(',')[0]} | {x['libc']} | "
+                  f"`{x['sha256'][:12]}` | `{m['reduced']['runs']['numpy'][0]['sha256'][:12]}` | {x['seconds']:.0f} |"
+                  for m, x in loaders]  # fmt: skip
     with_cv = [m for m in machines.values() if m.get("cv")]
     if with_cv:
         lines += [
@@ -365,6 +413,9 @@ def main() -> None:
     ap.add_argument("--cv", action="store_true", help="also the configured engine's patient-level CV on this CPU")
     ap.add_argument("--workers", type=int, default=None, help="with --cv: fold NERs trained side by side "
                     "(default the config's; each on one pinned thread, so the count changes no weights)")
+    ap.add_argument("--loader", type=Path, help="only the reduced training (numpy path) under the C library in this "
+                    "folder (its ld-linux-x86-64.so.2, libc and libm, e.g. an unpacked libc6 package's "
+                    "usr/lib/x86_64-linux-gnu), added to this CPU's entry")
     ap.add_argument("--render", action="store_true", help="rewrite the section from the saved JSON")
     ap.add_argument("--physionet", type=Path, help="the PhysioNet notes, when not at the config's ../shared path")
     ap.add_argument("--deid-lists", type=Path, help="a folder with the deid tool's lists/ and dict/ (the config's "
@@ -379,6 +430,16 @@ def main() -> None:
     r = json.loads(JSON.read_text()) if JSON.is_file() else {"machines": {}}
     if args.merge:
         _add(r, json.loads(args.merge.read_text()))
+        return
+    if args.loader:
+        from ctrlgen.extract.ner import NUMERICS, cpu_identity
+
+        entry = r["machines"].get(cpu_identity())
+        if not entry or entry.get("numerics") != NUMERICS or entry["reduced"]["notes"] != args.notes:
+            raise SystemExit(f"no entry of this CPU ({cpu_identity()}) with the current numerics and {args.notes} "
+                             "notes to compare with: run this script without --loader first")  # fmt: skip
+        entry["reduced"].setdefault("loaders", []).append(under_loader(args.loader.resolve(), args.notes, args.epochs))
+        publish(TITLE, JSON, report, r)
         return
     if args.physionet:
         OVERRIDES.append(f"corpus.path={args.physionet.resolve()}")

@@ -443,14 +443,14 @@ in training). benchmarks/ner_kernels.py records each CPU's hash of the configure
 Milan and the AMD Zen 5 it ran on gave one hash, where before the change the emulated Intel gave the real Intel's
 hash and the emulated AMD the AMD one; on real hardware, an AMD Zen 4 (AVX-512) trained the Zen 5's configured NER
 and its five fold NERs, byte for byte. **A real Intel Xeon did not** (family 6 model 207, the host of a lent GPU
-machine, with glibc 2.39 and Python 3.12.3 against the AMD machines' glibc 2.36): under the same numerics it trained
-other weights, for the configured NER and for the reduced training alike, where the emulated Intel had matched the
-AMD CPUs. The pinned numerics thus give one model on the AMD CPUs measured, not on every install; what still differs
-(that host's C library and system, or its CPU) was not isolated. The configured engine's figures are therefore
-given **as a range over set-ups**: the same benchmark (`--cv`) cross-validates the engine by patient with each
-CPU's own fold NERs, and the PhysioNet section below lists each CPU's figures for this training and their
-range. The other figures below are one set-up's (the models of this run); two set-ups of one commit, before any
-of this, differed by 0.8 (recall) and 1.2 (precision) points on the unseen notes above.
+machine, with glibc 2.39 and Python 3.12.3): under the same numerics it trained other weights, for the configured
+NER and for the reduced training alike, where the emulated Intel had matched the AMD CPUs. Not through its C
+library: an AMD Zen 4 run on Ubuntu 24.04's glibc 2.39 (`--loader`) trains its own weights. The pinned numerics thus give
+one model on the AMD CPUs measured, not on every install; what still differs (the Intel CPU itself, or that host's
+other software) was not isolated. The configured engine's figures are therefore given **as a range over
+set-ups**: the same benchmark (`--cv`) cross-validates the engine by patient with each CPU's own fold NERs, and the
+PhysioNet section below lists each CPU's figures for this training and their range. The other figures below are
+one set-up's (the models of this run); two set-ups of one commit, before any of this, differed by 0.8 (recall) and 1.2 (precision) points on the unseen notes above.
 
 """
 
