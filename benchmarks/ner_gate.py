@@ -115,19 +115,10 @@ def extras(first: Sequence[Any], second: Sequence[Any]) -> list[Any]:
             for a, b in zip(first, second, strict=True)]  # fmt: skip
 
 
-def found_by_type(gold: Sequence[Any], pred: Sequence[Any]) -> dict[str, int]:
-    """Per gold type (the corpus' labels), how many gold spans some predicted span overlaps."""
-    found: dict[str, int] = {}
-    for g, p in zip(gold, pred, strict=True):
-        for e in g.entities:
-            hit = any(q.start < e.end and e.start < q.end for q in p.entities)
-            found[e.label] = found.get(e.label, 0) + int(hit)
-    return found
-
-
 def measure() -> dict[str, Any]:
     from ctrlgen.extract.deid_tool import run_deid
     from ctrlgen.extract.presidio import PresidioExtractor
+    from ctrlgen.extract.quality import found_by_label
     from ctrlgen.extract.report import rules_digest
 
     t_cfg, t_ex, t_outer, t_models, t_train = frozen_fold_models(TRANSFORMER, "transformer")
@@ -152,9 +143,9 @@ def measure() -> dict[str, Any]:
             for g in GATES:
                 out = gated(pred, pieces, g)
                 by[f"{name}|{_gate_name(g)}"] = _scores(gold, out)
-                types[f"{name}|{_gate_name(g)}"] = found_by_type(gold, out)
-        types["deid tool"] = found_by_type(gold, run_deid(gold, DEID)[0])
-        types["gold"] = found_by_type(gold, gold)
+                types[f"{name}|{_gate_name(g)}"] = found_by_label(gold, out)
+        types["deid tool"] = found_by_label(gold, run_deid(gold, DEID)[0])
+        types["gold"] = found_by_label(gold, gold)
         folds.append({"patients": len(patients), "notes": len(gold), "by": by, "types": types})
         print(f"[ner_gate] fold {i + 1}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return {
@@ -173,6 +164,7 @@ def two_bars(r: dict[str, Any]) -> dict[str, Any]:
     """The third try: both engines, the spaCy engine's spans gated at one bar and the transformer engine's extra spans
     at another, every pair, on each fold; cross-checked against the second try's scores (no bar on the extras)."""
     from ctrlgen.extract.presidio import PresidioExtractor
+    from ctrlgen.extract.quality import found_by_label
 
     t_cfg, t_ex, t_outer, t_models, _ = frozen_fold_models(TRANSFORMER, "transformer")
     s_cfg, s_ex, s_outer, s_models, _ = frozen_fold_models(SPACY, "spacy")
@@ -194,7 +186,7 @@ def two_bars(r: dict[str, Any]) -> dict[str, Any]:
             for g2, xp in x_gated.items():
                 out = union(sp, xp)
                 key = f"{_gate_name(g1)}|{_gate_name(g2)}"
-                by[key], types[key] = _scores(gold, out), found_by_type(gold, out)
+                by[key], types[key] = _scores(gold, out), found_by_label(gold, out)
             same &= by[f"{_gate_name(g1)}|none"] == r["folds"][i]["by"][f"both engines|{_gate_name(g1)}"]
         folds.append({"notes": len(gold), "extra_spans": sum(len(d.entities) for d in extra), "by": by,
                       "types": types})  # fmt: skip

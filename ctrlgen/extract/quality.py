@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ctrlgen.schema import CATEGORIES, Document
 
-__all__ = ["Scores", "scores_table", "span_scores"]
+__all__ = ["Scores", "found_by_label", "scores_table", "span_scores"]
 
 
 @dataclass
@@ -81,6 +81,20 @@ def span_scores(gold: Sequence[Document], predicted: Sequence[Document]) -> dict
                 out[key].predicted += 1
                 out[key].correct += ok
     return out
+
+
+def found_by_label(gold: Sequence[Document], predicted: Sequence[Document]) -> dict[str, int]:
+    """Per gold label (the corpus' own types, finer than the categories), how many gold spans some predicted span
+    overlaps; documents matched by ``doc_id`` as in :func:`span_scores`. ``found_by_label(gold, gold)`` counts the
+    gold spans per label."""
+    pred_by_id = {d.doc_id: d for d in predicted}
+    found: dict[str, int] = {}
+    for g in gold:
+        p = pred_by_id.get(g.doc_id)
+        preds = p.entities if p is not None else []
+        for e in g.entities:
+            found[e.label] = found.get(e.label, 0) + any(q.start < e.end and e.start < q.end for q in preds)
+    return found
 
 
 def _pct(x: float) -> str:

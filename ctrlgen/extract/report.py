@@ -18,7 +18,7 @@ from typing import Any
 from ctrlgen.config import AciCorpusConfig, CtrlgenConfig, ExtractionConfig, PhysionetCorpusConfig, TabCorpusConfig
 from ctrlgen.corpora import load_corpus
 from ctrlgen.extract.presidio import PresidioExtractor, build_stock_analyzer, results_to_entities
-from ctrlgen.extract.quality import Scores, scores_table, span_scores
+from ctrlgen.extract.quality import Scores, found_by_label, scores_table, span_scores
 from ctrlgen.schema import Document
 
 __all__ = ["extraction_report"]
@@ -181,18 +181,14 @@ def _fold_table(engine: str, cv: Any) -> str:
 
 def _by_type(gold: list[Document], preds: dict[str, list[Document]]) -> str:
     """Markdown: found / gold per gold type (the corpus' own labels), one column per engine."""
-    labels = sorted({e.label for d in gold for e in d.entities})
+    n_by = found_by_label(gold, gold)
+    found_by = {name: found_by_label(gold, pred) for name, pred in preds.items()}
     lines = ["| gold type | gold | " + " | ".join(preds) + " |", "|---|---|" + "---|" * len(preds)]
-    for label in [*labels, "ALL"]:
-        row = [label]
-        n = sum(1 for d in gold for e in d.entities if label in ("ALL", e.label))
-        row.append(str(n))
-        for pred in preds.values():
-            by_id = {d.doc_id: d for d in pred}
-            found = sum(
-                any(q.start < e.end and e.start < q.end for q in by_id[d.doc_id].entities)
-                for d in gold for e in d.entities if label in ("ALL", e.label)
-            )  # fmt: skip
+    for label in [*sorted(n_by), "ALL"]:
+        n = sum(n_by.values()) if label == "ALL" else n_by[label]
+        row = [label, str(n)]
+        for by in found_by.values():
+            found = sum(by.values()) if label == "ALL" else by[label]
             row.append(f"{found} ({100 * found / n:.1f}%)" if n else "-")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 import math
 
-from ctrlgen.extract.quality import scores_table, span_scores
+from ctrlgen.extract.quality import found_by_label, scores_table, span_scores
 from ctrlgen.schema import Document, Entity
 
 
@@ -26,3 +26,15 @@ def test_table_lists_engines_and_skips_empty_categories():
     table = scores_table({"ours": s})
     assert "| ours | PERSON | 1 | 1 | 100.0 | 100.0 | 100.0 | 100.0 | 100.0 |" in table
     assert "QUANTITY" not in table
+
+
+def test_found_by_label_counts_overlapped_gold_spans_per_corpus_label():
+    def gold_doc(doc_id, *ents):
+        return Document(doc_id, "x" * 100, entities=[Entity(s, e, "x" * (e - s), "PERSON", "DIRECT", "gold", label)
+                                                     for s, e, label in ents])  # fmt: skip
+
+    gold = [gold_doc("a", (0, 10, "PTName"), (20, 30, "HCPName"), (40, 45, "HCPName")), gold_doc("b", (0, 5, "PTName"))]
+    pred = [_d("a", (5, 12, "LOC"), (44, 50, "PERSON"))]  # any category counts; b has no prediction
+    assert found_by_label(gold, pred) == {"PTName": 1, "HCPName": 1}
+    assert found_by_label(gold, gold) == {"PTName": 2, "HCPName": 2}
+    assert found_by_label(gold, []) == {"PTName": 0, "HCPName": 0}
