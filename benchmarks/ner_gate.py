@@ -277,9 +277,24 @@ def speed(r: dict[str, Any], passes: int = 2) -> dict[str, Any]:
                               "direct+quasi")  # fmt: skip
     pieces = t_ext.transformer_tagger.piece_logprobs([d.text for d in gold])
     want = gated(found["spaCy engine"], pieces, gate)
-    key = [[(e.start, e.end, e.category) for e in d.entities] for d in want]
-    out["same_spans"] = key == [[(e.start, e.end, e.category) for e in d.entities] for d in found["spaCy engine + veto"]]
+
+    def spans(docs: Sequence[Any]) -> list[list[tuple[int, int, str]]]:
+        return [[(e.start, e.end, e.category) for e in d.entities] for d in docs]
+
+    out["same_spans"] = spans(want) == spans(found["spaCy engine + veto"])
     out["spans"] = sum(len(d.entities) for d in found["spaCy engine + veto"])
+    if r.get("two_bars"):  # the third try's pair, as extraction.ner_union_p_outside (added with that option)
+        a, b = choose_pair(r["two_bars"], CHOOSE_ON, "both targets").split("|")
+        g1, g2 = (next(g for g in bars if _gate_name(g) == x) for bars, x in ((GATES, a), (EXTRA_BARS, b)))
+        assert g1 is not None and g2 is not None  # the chosen pair has both bars (checked on the run's JSON)
+        union_cfg = veto_cfg.model_copy(update={"ner_veto_p_outside": g1, "ner_union_p_outside": g2})
+        best, got = best_pass(PresidioExtractor(union_cfg, s_cfg.nlp.spacy_model, "direct+quasi"), gold, passes)
+        out["union"] = {"bars": f"{a} / {b}", "notes_per_s": round(len(gold) / best, 1),
+                        "spans": sum(len(d.entities) for d in got)}  # fmt: skip
+        print(f"[ner_gate] speed, the union: {out['union']['notes_per_s']} notes/s", file=sys.stderr, flush=True)
+        third = union(want if g1 == gate else gated(found["spaCy engine"], pieces, g1),
+                      gated(extras(found["spaCy engine"], t_ext(gold)), pieces, g2))  # fmt: skip
+        out["union"]["same_spans"] = spans(third) == spans(got)
     return out
 
 
@@ -395,6 +410,10 @@ def report(r: dict[str, Any]) -> str:
             f"({sp['spaCy engine + veto'] / sp['spaCy engine']:.2f}x); the unknown-setting job's target is 100 "
             f"notes/s per core. Its {sp['spans']} spans are "
             + ("the gated spans above, span for span." if sp["same_spans"] else "**not** the gated spans above.")
+            + (f" With the second pass (`extraction.ner_union_p_outside`, the third try's bars {u['bars']}): "
+               f"**{u['notes_per_s']:.1f}** notes/s ({u['notes_per_s'] / sp['spaCy engine']:.2f}x); its {u['spans']} "
+               "spans are " + ("the third try's, span for span." if u["same_spans"] else "**not** the third try's.")
+               if (u := sp.get("union")) else "")
             + f" Measured on {sp.get('date', '?')}.",
         ]
     return "\n".join(lines)

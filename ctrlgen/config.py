@@ -383,6 +383,18 @@ class ExtractionConfig(_Model):
         "(higher: fewer spans dropped). 0.999 was chosen on one patient fold of PhysioNet by F2 and by issue 41's "
         "two targets alike (benchmarks/ner_gate.py).",
     )
+    ner_union_p_outside: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="With ner_veto: the veto's tagger also runs as the NER of a second pass of the same rules, and "
+        "that pass's spans that overlap none of the engine's own (before the veto) are added, each dropped when the "
+        "tagger's P(O) is at least this on every word piece overlapping it (lower: fewer added; 0 adds only spans "
+        "no piece overlaps). None: no second pass. Recall for precision at twice the tagger's cost: on PhysioNet's "
+        "patient folds, 0.2 with ner_veto_p_outside 0.999 gave recall 98.46% / precision 85.06% against the veto "
+        "alone's 97.2 / 91.0 (docs/benchmarks.md, the transformer tagger as a veto: a third try on the same held-out "
+        "notes).",
+    )
     ner_beam_bar: float | None = Field(
         None,
         gt=0.0,
@@ -446,6 +458,14 @@ class ExtractionConfig(_Model):
         "setting, 200 x batch_size for the (cheap) known setting.",
     )
     rows_per_file: int = Field(20_000, ge=1, description="Rows the writer gathers per output Parquet file.")
+
+    @model_validator(mode="after")
+    def _union_needs_the_veto(self) -> ExtractionConfig:
+        if self.ner_union_p_outside is not None and not self.ner_veto:
+            raise ValueError(
+                "extraction.ner_union_p_outside needs extraction.ner_veto: the veto's tagger is the second pass's NER"
+            )
+        return self
 
 
 GenerationMode = Literal["baseline", "icl", "icl_blocking", "prefix"]

@@ -661,7 +661,21 @@ class PresidioExtractor:
         self._kinds = identifier_kinds(identifiers)
         self._common: frozenset[str] = lists.common if lists is not None else frozenset()
         self._veto = _veto_tagger(cfg)
+        self._union = self._union_pass(cfg, spacy_model, identifiers, pattern_gates)
         self.load_seconds = time.perf_counter() - t0
+
+    @staticmethod
+    def _union_pass(
+        cfg: ExtractionConfig, spacy_model: str, identifiers: str, pattern_gates: bool
+    ) -> PresidioExtractor | None:
+        """``extraction.ner_union_p_outside``'s second pass: the same rules with the veto's tagger as the NER."""
+        if cfg.ner_union_p_outside is None:
+            return None
+        if not cfg.ner_veto or "SpacyRecognizer" not in cfg.recognizers:
+            raise ConfigError("extraction.ner_union_p_outside needs extraction.ner_veto and SpacyRecognizer in "
+                              "extraction.recognizers: the second pass runs the veto's tagger as the engine's NER")  # fmt: skip
+        second = {"ner_model": cfg.ner_veto, "ner_veto": None, "ner_union_p_outside": None, "ner_beam_bar": None}
+        return PresidioExtractor(cfg.model_copy(update=second), spacy_model, identifiers, pattern_gates)
 
     @property
     def transformer_tagger(self) -> Any:
@@ -689,10 +703,16 @@ class PresidioExtractor:
             )
             out.append(self.finish(text, results))
         if self._veto is not None and texts:  # the tagger's doubt, after every rule (extraction.ner_veto)
-            from ctrlgen.extract.transformer_ner import veto_spans
+            from ctrlgen.extract.transformer_ner import union_spans, veto_spans
 
             pieces = self._veto.piece_logprobs(list(texts))
-            out = [veto_spans(ents, p, self.cfg.ner_veto_p_outside) for ents, p in zip(out, pieces, strict=True)]
+            bar = self.cfg.ner_veto_p_outside
+            if self._union is None:
+                out = [veto_spans(ents, p, bar) for ents, p in zip(out, pieces, strict=True)]
+            else:  # extraction.ner_union_p_outside: the second pass's other spans, through their own bar
+                second, bar2 = self._union.extract_texts(texts), self.cfg.ner_union_p_outside
+                assert bar2 is not None
+                out = [union_spans(a, b, p, bar, bar2) for a, b, p in zip(out, second, pieces, strict=True)]
         return out
 
     def finish(self, text: str, results: Sequence[Any], cfg: ExtractionConfig | None = None) -> list[Entity]:

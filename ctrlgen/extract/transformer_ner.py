@@ -55,6 +55,7 @@ __all__ = [
     "spans_from_tags",
     "token_labels",
     "train_transformer_ner",
+    "union_spans",
     "veto_spans",
     "windows",
 ]
@@ -255,6 +256,17 @@ def veto_spans(
         if p is None or p < p_outside:
             kept.append(e)
     return kept
+
+
+def union_spans(
+    first: Sequence[Entity], second: Sequence[Entity], pieces: tuple[list[tuple[int, int]], Any] | None,
+    p_first: float, p_second: float,
+) -> list[Entity]:  # fmt: skip
+    """``extraction.ner_union_p_outside``: ``first``'s spans through the veto at ``p_first``, and ``second``'s spans
+    that overlap none of ``first``'s (before the veto) through it at ``p_second``, in order of start."""
+    extra = [e for e in second if not any(e.start < x.end and x.start < e.end for x in first)]
+    kept = [*veto_spans(first, pieces, p_first), *veto_spans(extra, pieces, p_second)]
+    return sorted(kept, key=lambda e: (e.start, e.end))
 
 
 def _widen_to_words(text: str, start: int, end: int) -> tuple[int, int]:
