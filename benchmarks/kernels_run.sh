@@ -2,7 +2,8 @@
 # On a lent machine, from the repository root (the device tool's `run`, carrying .gpu; its CPU is the point, not
 # its GPU): the clinical NER's weights on that CPU (issue 41 item 4; benchmarks/ner_kernels.py).
 #   here:  bash benchmarks/gpu_prepare.sh --kernels
-#   there: bash benchmarks/kernels_run.sh [ner_kernels.py options, e.g. --cv --workers 5]
+#   there: bash benchmarks/kernels_run.sh [ner_kernels.py options, e.g. --cv --workers 5; or, in a second call,
+#          --cv-only --workers 5: the CV alone, for a CPU whose hashes the first call recorded; no veto_gpu then]
 #   here:  .venv/bin/python benchmarks/ner_kernels.py --merge <files_at>/ner_kernels_entry.json
 # Unpacks the carried site (.gpu/kernels-site.tar.xz: the locked spaCy / Presidio / numpy for CPython 3.12; the
 # machine reaches no registry) and runs ner_kernels.py on the carried notes and lists; its entry (this CPU's
@@ -25,7 +26,7 @@ export KERNELS_RUN="bash benchmarks/kernels_run.sh${*:+ $*}"  # the command the 
   2>&1 | tee "$OUT/ner_kernels.log"
 rc="${PIPESTATUS[0]}"
 # the veto engine with its tagger on the GPU (benchmarks/veto_gpu.py), where there is one
-if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+if [[ " $* " != *" --cv-only "* ]] && "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   CTRLGEN_PHYSIONET=.gpu/data/physionet-deid timeout 240 "$PY" benchmarks/veto_gpu.py --out "$OUT/veto_gpu.json" \
     2>&1 | tee "$OUT/veto_gpu.log"
 fi

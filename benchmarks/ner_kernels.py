@@ -34,7 +34,9 @@ printed in the kept CI logs (docs/benchmarks/suite/) and which CPU and numerics 
     .venv/bin/python benchmarks/ner_kernels.py --loader /tmp/libc6_2.39-0ubuntu8.12_amd64/usr/lib/x86_64-linux-gnu
 
 On a lent machine (its CPU, without this repository's virtual environment): ``bash benchmarks/kernels_run.sh`` there
-runs this script with ``--entry`` (the CPU's entry to a file, docs untouched), and ``--merge FILE`` here adds it.
+runs this script with ``--entry`` (the CPU's entry to a file, docs untouched), and ``--merge FILE`` here adds it;
+``bash benchmarks/kernels_run.sh --cv-only --workers 5`` there is the CV alone (a second call: ~5 min on 16 cores),
+whose file ``--merge`` adds to that CPU's entry.
 """
 
 from __future__ import annotations
@@ -423,13 +425,20 @@ def main() -> None:
     ap.add_argument("--commit", default="", help="the commit measured, where this is no git checkout")
     ap.add_argument("--entry", type=Path, help="write this CPU's entry to this file, docs untouched (a lent machine)")
     ap.add_argument("--merge", type=Path, help="add an entry written with --entry on another machine, and render")
+    ap.add_argument("--cv-only", action="store_true", help="only the CV (--cv), for a CPU whose entry is recorded "
+                    "already (a second call on a lent machine); with --entry its file, which --merge adds to that "
+                    "CPU's entry")
     args = ap.parse_args()
     if args.render:
         publish(TITLE, JSON, report)
         return
     r = json.loads(JSON.read_text()) if JSON.is_file() else {"machines": {}}
     if args.merge:
-        _add(r, json.loads(args.merge.read_text()))
+        m = json.loads(args.merge.read_text())
+        if "configured" not in m:  # a --cv-only run's file: the CV of a CPU recorded already
+            _add_cv(r, m)
+        else:
+            _add(r, m)
         return
     if args.loader:
         from ctrlgen.extract.ner import NUMERICS, cpu_identity
@@ -446,6 +455,19 @@ def main() -> None:
     if args.deid_lists:
         OVERRIDES.extend([f"extraction.name_lists={(args.deid_lists / 'lists').resolve()}",
                           f"extraction.common_words={(args.deid_lists / 'dict').resolve()}"])  # fmt: skip
+    if args.cv_only:
+        from ctrlgen.extract.ner import NUMERICS
+
+        m = {"date": datetime.now(UTC).date().isoformat(), "commit": args.commit or _commit(), "cpu": cpu(),
+             "numerics": NUMERICS, "cv": cross_validated(args.workers),
+             "cv_command": os.environ.get("KERNELS_RUN") or shlex.join([".venv/bin/python",
+                                                                        "benchmarks/ner_kernels.py", *sys.argv[1:]])}  # fmt: skip
+        if args.entry:
+            args.entry.write_text(json.dumps(m, indent=1) + "\n")
+            print(f"[ner_kernels] this CPU's CV: {args.entry}", file=sys.stderr, flush=True)
+        else:
+            _add_cv(r, m)
+        return
     m = measure(args.notes, args.epochs, args.repeats, [x for x in args.emulate.split(",") if x], args.commit)
     m["command"] = os.environ.get("KERNELS_RUN") or shlex.join([".venv/bin/python", "benchmarks/ner_kernels.py",
                                                                  *sys.argv[1:]])  # fmt: skip
@@ -461,6 +483,16 @@ def main() -> None:
         print(f"[ner_kernels] this CPU's entry: {args.entry}", file=sys.stderr, flush=True)
         return
     _add(r, m)
+
+
+def _add_cv(r: dict[str, Any], m: dict[str, Any]) -> None:
+    """Put a ``--cv-only`` run's CV into its CPU's entry (recorded with the same numerics); render."""
+    entry = r["machines"].get(m["cpu"]["key"])
+    if not entry or entry.get("numerics", OLD_NUMERICS) != m["numerics"]:
+        raise SystemExit(f"no entry of {m['cpu']['key']} with numerics {m['numerics']!r}: merge its hashes first")
+    entry["cv"] = m["cv"]
+    entry["note"] = f"its CV in a separate run on {m['date']} (commit {m['commit']}): `{m['cv_command']}`"
+    publish(TITLE, JSON, report, r)
 
 
 def _add(r: dict[str, Any], m: dict[str, Any]) -> None:
