@@ -48,7 +48,7 @@ docs/benchmarks.md; ``--render`` rewrites the section from the JSON alone.
 
     .venv/bin/python benchmarks/ner_gate.py            # ~15 min on 2 cores when both configs' fold models are cached
     .venv/bin/python benchmarks/ner_gate.py --speed    # ~3 min: adds the speed to the saved JSON
-    .venv/bin/python benchmarks/ner_gate.py --two-bars # ~15 min: adds the third try to the saved JSON
+    .venv/bin/python benchmarks/ner_gate.py --two-bars # ~3 min: adds the third try to the saved JSON
     .venv/bin/python benchmarks/ner_gate.py --render
 """
 
