@@ -660,8 +660,9 @@ class PresidioExtractor:
         self._entities = sorted({e for r in registry.recognizers for e in r.supported_entities})
         self._kinds = identifier_kinds(identifiers)
         self._common: frozenset[str] = lists.common if lists is not None else frozenset()
-        self._veto = _veto_tagger(cfg)
         self._union = self._union_pass(cfg, spacy_model, identifiers, pattern_gates)
+        # with the second pass, its pipeline's tagger is the veto's: loaded once, one forward pass per batch
+        self._veto = self._union.transformer_tagger if self._union is not None else _veto_tagger(cfg)
         self.load_seconds = time.perf_counter() - t0
 
     @staticmethod
@@ -674,6 +675,9 @@ class PresidioExtractor:
         if not cfg.ner_veto or "SpacyRecognizer" not in cfg.recognizers:
             raise ConfigError("extraction.ner_union_p_outside needs extraction.ner_veto and SpacyRecognizer in "
                               "extraction.recognizers: the second pass runs the veto's tagger as the engine's NER")  # fmt: skip
+        from ctrlgen.extract.transformer_ner import check_veto_model
+
+        check_veto_model(cfg.ner_veto)  # the clear error of extraction.ner_veto, before its pipeline loads
         second = {"ner_model": cfg.ner_veto, "ner_veto": None, "ner_union_p_outside": None, "ner_beam_bar": None}
         return PresidioExtractor(cfg.model_copy(update=second), spacy_model, identifiers, pattern_gates)
 
@@ -710,7 +714,9 @@ class PresidioExtractor:
             if self._union is None:
                 out = [veto_spans(ents, p, bar) for ents, p in zip(out, pieces, strict=True)]
             else:  # extraction.ner_union_p_outside: the second pass's other spans, through their own bar
-                second, bar2 = self._union.extract_texts(texts), self.cfg.ner_union_p_outside
+                with self._veto.primed(list(texts), pieces):  # the second pass's NER reuses these pieces
+                    second = self._union.extract_texts(texts)
+                bar2 = self.cfg.ner_union_p_outside
                 assert bar2 is not None
                 out = [union_spans(a, b, p, bar, bar2) for a, b, p in zip(out, second, pieces, strict=True)]
         return out

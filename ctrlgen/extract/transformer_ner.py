@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import bisect
 import json
 import math
@@ -330,6 +331,21 @@ class TransformerTagger:
         labels = [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
         if tuple(labels) != BIO:
             raise CtrlgenError(f"{path}: the classifier's labels are not ctrlgen's BIO labels")
+        #: pieces already computed for the texts of one batch (:meth:`primed`), looked up before the encoder runs
+        self._primed: dict[str, tuple[list[tuple[int, int]], Any] | None] = {}
+
+    @contextlib.contextmanager
+    def primed(
+        self, texts: Sequence[str], pieces: Sequence[tuple[list[tuple[int, int]], Any] | None]
+    ) -> Iterator[None]:
+        """Within the block, :meth:`piece_logprobs` answers ``texts`` with ``pieces`` (their :meth:`piece_logprobs`)
+        instead of running the encoder again: one forward pass serves the veto and the second pass of
+        ``extraction.ner_union_p_outside``. Forgotten when the block ends (one batch held, not a growing cache)."""
+        self._primed = dict(zip(texts, pieces, strict=True))
+        try:
+            yield
+        finally:
+            self._primed = {}
 
     def __call__(self, texts: Sequence[str]) -> list[list[tuple[int, int, str, float]]]:
         return [self.decode(text, pieces) for text, pieces in zip(texts, self.piece_logprobs(texts), strict=True)]
@@ -337,6 +353,13 @@ class TransformerTagger:
     def piece_logprobs(self, texts: Sequence[str]) -> list[tuple[list[tuple[int, int]], Any] | None]:
         """Each note's word pieces: their character offsets, in order, and a (pieces x labels) tensor of
         log-probabilities (a piece seen by two windows: the mean of theirs); None for a note without pieces."""
+        if self._primed:
+            todo = [t for t in dict.fromkeys(texts) if t not in self._primed]
+            done = dict(zip(todo, self._compute(todo), strict=True)) if todo else {}
+            return [self._primed[t] if t in self._primed else done[t] for t in texts]
+        return self._compute(texts)
+
+    def _compute(self, texts: Sequence[str]) -> list[tuple[list[tuple[int, int]], Any] | None]:
         import torch
 
         wins = windows(self.tokenizer, texts, self.max_length, self.stride)

@@ -402,7 +402,14 @@ def test_the_union_pass_is_the_second_engine_through_its_own_bar(trained) -> Non
     second = PresidioExtractor(base.model_copy(update={"ner_model": trained})).extract_texts(texts)
     pieces = TransformerTagger(trained, device="cpu").piece_logprobs(texts)
     union = base.model_copy(update={"ner_veto": trained, "ner_veto_p_outside": 0.999, "ner_union_p_outside": 0.5})
-    got = PresidioExtractor(union).extract_texts(texts)
+    engine = PresidioExtractor(union)
+    # one tagger, loaded once: the veto's is the second pass's NER, and one encoder pass serves both per batch
+    assert engine._veto is engine._union.transformer_tagger
+    runs: list[int] = []
+    encode = engine._veto._compute
+    engine._veto._compute = lambda batch: runs.append(len(batch)) or encode(batch)
+    got = engine.extract_texts(texts)
+    assert runs == [len(texts)]
     want = [union_spans(a, b, p, 0.999, 0.5) for a, b, p in zip(first, second, pieces, strict=True)]
     assert got == want
     # the general NER misses the lower-case name in the learnt context; the second pass adds it
@@ -413,3 +420,20 @@ def test_the_union_pass_is_the_second_engine_through_its_own_bar(trained) -> Non
     no_ner = union.model_copy(update={"recognizers": ["ClinicalPhoneRecognizer"]})
     with pytest.raises(ConfigError, match="SpacyRecognizer"):
         PresidioExtractor(no_ner)
+
+
+def test_primed_pieces_answer_their_texts_and_the_rest_is_computed(trained) -> None:
+    tagger = TransformerTagger(trained, device="cpu")
+    texts = ["Spoke with zed quux today.", "Call 617-555-1234.", "Vitals stable."]
+    full = tagger.piece_logprobs(texts)
+    marker = ([(0, 1)], full[0][1][:1])  # not what the encoder gives: shows the primed value is the one used
+    runs: list[list[str]] = []
+    encode = tagger._compute
+    tagger._compute = lambda batch: runs.append(list(batch)) or encode(batch)
+    with tagger.primed(texts[:1], [marker]):
+        got = tagger.piece_logprobs(texts)
+    assert got[0] is marker and runs == [texts[1:]]
+    for (o1, lp1), (o2, lp2) in zip(got[1:], full[1:], strict=True):
+        assert o1 == o2 and lp1.allclose(lp2, atol=1e-5)
+    tagger.piece_logprobs(texts[:1])  # the block is over: the encoder runs again
+    assert runs[-1] == texts[:1]
