@@ -390,7 +390,8 @@ class ExtractionConfig(_Model):
         description="With ner_veto: the veto's tagger also runs as the NER of a second pass of the same rules, and "
         "that pass's spans that overlap none of the engine's own (before the veto) are added, each dropped when the "
         "tagger's P(O) is at least this on every word piece overlapping it (lower: fewer added; 0 adds only spans "
-        "no piece overlaps). None: no second pass. Recall for precision at twice the tagger's cost: on PhysioNet's "
+        "no piece overlaps). None: no second pass. Recall for precision; the tagger runs once per batch for both (the "
+        "veto's speed, the rules' second run aside). On PhysioNet's "
         "patient folds, 0.2 with ner_veto_p_outside 0.999 gave recall 98.46% / precision 85.06% against the veto "
         "alone's 97.2 / 91.0 (docs/benchmarks.md, the transformer tagger as a veto: a third try on the same held-out "
         "notes).",

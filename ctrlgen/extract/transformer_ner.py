@@ -25,8 +25,8 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import bisect
+import contextlib
 import json
 import math
 import random
