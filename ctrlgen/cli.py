@@ -378,7 +378,7 @@ Engines:
   {architecture} trained on gold spans by `ctrlgen train-ner` (ctrlgen's categories as labels;
   training spans swapped for surrogate names, places and digits from general lists in
   {augment:.0%} of the documents per epoch; {epochs} epochs, seed {seed}{saved}) and the recognizers
-  {recognizers}, score threshold {threshold}. On PhysioNet it is **cross-validated by patient**:
+  {recognizers}, score threshold {threshold}.{veto} On PhysioNet it is **cross-validated by patient**:
   {folds} folds of patients, each fold's notes extracted by the NER trained on the other folds'
   notes, so no note is scored by a model that saw its patient; the pooled rows are all folds'
   held-out predictions together. The **NER alone** row runs the same fold models with none of the
@@ -490,6 +490,40 @@ def _ner_architecture(cfg: CtrlgenConfig) -> str:
     return f"a fresh NER (tok2vec width {h.width}, depth {h.depth}) on {cfg.nlp.spacy_model}'s tokenizer"
 
 
+def _veto_text(cfg: CtrlgenConfig) -> str:
+    """The report head's sentences on ``extraction.ner_veto`` (and its second pass); "" without a veto."""
+    ex = cfg.extraction
+    if not ex.ner_veto or ex.ner_veto_training is None:
+        return ""
+    h = ex.ner_veto_training
+    arch = _ner_architecture(cfg.model_copy(update={"extraction": ex.model_copy(update={"ner_training": h})}))
+    union = (
+        f"; and the tagger also runs as the NER of a second pass of the same rules, whose spans overlapping none of "
+        f"the engine's are added unless the tagger's P(O) is at least {ex.ner_union_p_outside:g} on each of their "
+        f"pieces (`extraction.ner_union_p_outside`)"
+        if ex.ner_union_p_outside is not None
+        else ""
+    )
+    return (
+        f" Then a transformer tagger vetoes the engine's spans after every rule (`extraction.ner_veto`): a span goes "
+        f"when the tagger's P(O) is at least {ex.ner_veto_p_outside:g} on each of its word pieces{union}. In the "
+        f"cross-validation each fold's tagger is {arch} ({h.epochs} epochs, seed {h.seed}; "
+        f"`extraction.ner_veto_training`) trained on the same other folds' patients as that fold's NER, and the "
+        f"in-fold rule selection scores the engine before the veto. The NER alone and rules alone rows run without "
+        f"it; the in-sample row, TAB and ACI-Bench run the tagger trained on every PhysioNet note ({ex.ner_veto})."
+    )
+
+
+def _also(entries: str) -> list[tuple[str, CtrlgenConfig]]:
+    """``--also``: comma-separated entries, each a config path and optional overrides after it ("path k=v k=v")."""
+    out = []
+    for entry in (e.strip() for e in entries.split(",")):
+        if entry:
+            path, *overrides = entry.split()
+            out.append((entry, load_config(path, overrides)))
+    return out
+
+
 def _spacy_saved_and_decoded(ex: ExtractionConfig) -> str:
     from ctrlgen.extract.ner import BEAM_WIDTH
 
@@ -507,7 +541,8 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     from ctrlgen.extract.report import extraction_report, ner_label
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else []
-    also = [load_config(p.strip()) for p in (args.also or "").split(",") if p.strip()]
+    also_entries = _also(args.also or "")
+    also = [c for _, c in also_entries]
     body = extraction_report(
         cfg, Path(args.physionet), Path(args.tab), args.limit, args.deid, Path(args.aci) if args.aci else None, seeds,
         also,
@@ -531,6 +566,7 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
         saved="" if ex.ner_training.kind == "transformer" else _spacy_saved_and_decoded(ex),
         architecture=_ner_architecture(cfg),
         ner_label=ner_label(ex),
+        veto=_veto_text(cfg),
         also_engines="".join(
             f"- **ctrlgen ({ner_label(o.extraction)})** (`--also {path.strip()}`): the same engine with "
             f"{_ner_architecture(o)} ({o.extraction.ner_training.epochs} epochs, seed {o.extraction.ner_training.seed}, "
@@ -542,8 +578,10 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
                 if o.extraction.rule_tuning.enabled
                 else ", the rules run as configured (no in-fold selection)"
             )
-            + ".\n"
-            for o, path in zip(also, [p for p in (args.also or "").split(",") if p.strip()], strict=True)
+            + "."
+            + _veto_text(o)
+            + "\n"
+            for path, o in also_entries
         ),
     )
     Path(args.out).write_text(head + body)
@@ -796,7 +834,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                             "each beside the configured seed's, with mean and sd (trains k NERs per seed).")  # fmt: skip
             sp.add_argument("--also", default="",
                             help="Configs of other trained NERs, comma-separated (e.g. "
-                            "configs/extract_physionet_transformer.yaml): their engines scored beside this one's.")  # fmt: skip
+                            "configs/extract_physionet_transformer.yaml), each optionally followed by overrides "
+                            "('configs/extract_physionet_veto.yaml extraction.ner_union_p_outside=0.2'): their "
+                            "engines scored beside this one's.")  # fmt: skip
         if name == "config":
             sp.add_argument("--describe", action="store_true", help="Every field: value, type and description.")
             sp.add_argument("--markdown", action="store_true", help="The field reference as Markdown (the docs page).")

@@ -396,6 +396,13 @@ class ExtractionConfig(_Model):
         "alone's 97.2 / 91.0 (docs/benchmarks.md, the transformer tagger as a veto: a third try on the same held-out "
         "notes).",
     )
+    ner_veto_training: NerTrainingConfig | None = Field(
+        None,
+        description="How ner_veto's tagger was trained (kind transformer; e.g. configs/extract_physionet_transformer.yaml's "
+        "ner_training): the patient-level cross-validation (`ctrlgen extract-report`) trains one veto tagger per "
+        "fold with these settings, on the NER's patient folds, since the configured tagger has seen every note. None: that "
+        "cross-validation refuses a config with ner_veto. Not used to train ner_veto itself (`ctrlgen train-ner`).",
+    )
     ner_beam_bar: float | None = Field(
         None,
         gt=0.0,
@@ -466,6 +473,8 @@ class ExtractionConfig(_Model):
             raise ValueError(
                 "extraction.ner_union_p_outside needs extraction.ner_veto: the veto's tagger is the second pass's NER"
             )
+        if self.ner_veto_training is not None and self.ner_veto_training.kind != "transformer":
+            raise ValueError("extraction.ner_veto_training.kind must be transformer: the veto is a transformer tagger")
         return self
 
 

@@ -36,7 +36,16 @@ from ctrlgen.extract.ner import (
 from ctrlgen.extract.rules import RuleSelection
 from ctrlgen.schema import Document
 
-__all__ = ["CrossVal", "TrainJob", "choose_rules", "cross_validate", "ner_model_dir", "train_cached"]
+__all__ = [
+    "CrossVal",
+    "TrainJob",
+    "choose_rules",
+    "cross_validate",
+    "ner_model_dir",
+    "train_cached",
+    "veto_training",
+    "without_veto",
+]
 
 
 @dataclass
@@ -46,6 +55,7 @@ class CrossVal:
     per_fold: list[list[Document]] = field(default_factory=list)  # gold documents per fold
     per_fold_pred: list[list[Document]] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
+    vetoes: list[str] = field(default_factory=list)  # per fold, with extraction.ner_veto: its veto tagger
     rules: list[RuleSelection] = field(default_factory=list)  # per fold, with rule_tuning on
     seconds_extract: float = 0.0  # extraction only (models loaded), all folds
 
@@ -143,14 +153,24 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def refuse_veto(extraction: ExtractionConfig) -> None:
-    """A clear error for a cross-validation of an engine with ``extraction.ner_veto`` (see :func:`cross_validate`)."""
-    if extraction.ner_veto:
+def veto_training(extraction: ExtractionConfig) -> NerTrainingConfig | None:
+    """The training of the fold veto taggers of a cross-validation of ``extraction`` (None without
+    ``extraction.ner_veto``); a clear error for a veto whose training is not given."""
+    if not extraction.ner_veto:
+        return None
+    if extraction.ner_veto_training is None:
         raise ConfigError(
-            "extraction.ner_veto: the cross-validation does not train a veto tagger per fold, and the configured one "
-            "has seen every note; run it without the veto (extraction.ner_veto=null), or see benchmarks/ner_gate.py "
-            "for the veto's patient-level figures"
+            "extraction.ner_veto: the cross-validation trains one veto tagger per fold (the configured one has seen "
+            "every note) and needs how: set extraction.ner_veto_training (as the config that trained the tagger, "
+            "e.g. configs/extract_physionet_transformer.yaml's ner_training), or run without the veto "
+            "(extraction.ner_veto=null)"
         )
+    return extraction.ner_veto_training
+
+
+def without_veto(extraction: ExtractionConfig) -> ExtractionConfig:
+    """``extraction`` before the veto: no ``ner_veto``, no second pass (what the in-fold rule selection scores)."""
+    return extraction.model_copy(update={"ner_veto": None, "ner_union_p_outside": None})
 
 
 def cross_validate(
@@ -168,15 +188,19 @@ def cross_validate(
     of ``rule_tuning.inner_folds`` patient folds: the held-out fold is used neither to train the NER nor
     to choose the rules.
 
+    With ``extraction.ner_veto``, each fold's veto tagger (and second pass, ``ner_union_p_outside``) is a tagger
+    trained as ``extraction.ner_veto_training`` on the other folds' notes, the same patients as that fold's NER
+    (cached alike); the rule selection scores the engine before the veto, so it needs no inner taggers.
+
     Raises:
-        ConfigError: ``extraction.ner_veto`` is set: its one tagger, trained on every note, would judge notes it
-            was trained on (the veto's patient-level CV: benchmarks/ner_gate.py, fold taggers).
+        ConfigError: ``extraction.ner_veto`` is set without ``extraction.ner_veto_training``: the one configured
+            tagger, trained on every note, would judge notes it was trained on.
     """
     import time
 
     from ctrlgen.extract.presidio import PresidioExtractor
 
-    refuse_veto(extraction)
+    veto_how = veto_training(extraction)
     how, tuning = extraction.ner_training, extraction.rule_tuning
     k = how.folds
     outer = _fold_jobs(docs, k, extraction, cache, base_model, corpus_name)
@@ -187,10 +211,14 @@ def cross_validate(
         for i, job in enumerate(jobs)
         if tuning.enabled
     ]
-    trained = train_cached(jobs + [j for per in inner_jobs for j, _, _ in per], how.workers)
+    veto_jobs = [] if veto_how is None else [
+        job for job, _, _ in _fold_jobs(docs, k, extraction, cache, base_model, corpus_name, how=veto_how)
+    ]  # fmt: skip
+    trained = train_cached(jobs + veto_jobs + [j for per in inner_jobs for j, _, _ in per], how.workers)
     models = trained[: len(jobs)]
+    vetoes = trained[len(jobs) : len(jobs) + len(veto_jobs)]
     by_id: dict[str, Document] = {}
-    res = CrossVal(folds, [], models=models)
+    res = CrossVal(folds, [], models=models, vetoes=vetoes)
     if tuning.enabled:  # the folds' selections are independent: in parallel processes, as the trainings
         args = [(inner, extraction, identifiers, f"fold {i + 1}/{k}") for i, inner in enumerate(inner_jobs)]
         if how.workers > 1:
@@ -203,6 +231,10 @@ def cross_validate(
         if res.rules:
             print(f"[cross-validate] fold {i + 1}/{k} rules: {res.rules[i].text()}", file=sys.stderr, flush=True)
             run_cfg = res.rules[i].cfg.model_copy(update={"ner_model": model})
+        if vetoes:  # the fold's own veto tagger; the chosen rules, then the veto (and the second pass) as configured
+            run_cfg = run_cfg.model_copy(
+                update={"ner_veto": vetoes[i], "ner_union_p_outside": extraction.ner_union_p_outside}
+            )
         ext = PresidioExtractor(run_cfg, identifiers=identifiers)
         t0 = time.perf_counter()
         pred = ext(gold)
@@ -222,14 +254,17 @@ def _fold_jobs(
     base_model: str,
     corpus: str,
     within: tuple[int, int] | None = None,
+    how: NerTrainingConfig | None = None,
 ) -> list[tuple[TrainJob, list[str], list[Document]]]:
     """One NER job per patient fold of ``docs``: (the job, trained on the other folds; the fold's
     patients; its notes, which that NER scores). ``within``: (i, k) when these are the inner
-    cross-validation of outer fold i of k (the training notes of that fold)."""
-    how = extraction.ner_training
+    cross-validation of outer fold i of k (the training notes of that fold). ``how``: another model's training
+    (the veto's) on the same patient folds, which ``extraction.ner_training.seed`` draws whatever ``how``."""
+    seed = extraction.ner_training.seed
+    how = how or extraction.ner_training
     patients = [str(d.metadata.get("patient", d.doc_id)) for d in docs]
     out = []
-    for j, fold in enumerate(patient_folds(patients, n, how.seed)):
+    for j, fold in enumerate(patient_folds(patients, n, seed)):
         held = set(fold)
         fit = [d for d, p in zip(docs, patients, strict=True) if p not in held]
         scored = [d for d, p in zip(docs, patients, strict=True) if p in held]
@@ -266,6 +301,7 @@ def choose_rules(
     from ctrlgen.extract.rules import Analysed, select_rules
 
     t0 = time.perf_counter()
+    cfg = without_veto(cfg)  # the rules are chosen on the engine before the veto (extraction.ner_veto)
     notes: list[Analysed] = []
     ext = None
     for model, scored in scored_by:

@@ -59,6 +59,9 @@ def _seed_spread(
     runs = {how.seed: span_scores(gold, first)["ALL"]}
     for seed in dict.fromkeys(s for s in seeds if s != how.seed):
         run_cfg = ner_cfg.model_copy(update={"ner_training": how.model_copy(update={"seed": seed})})
+        if ner_cfg.ner_veto_training is not None:  # the fold veto taggers are trained again under that seed too
+            veto = ner_cfg.ner_veto_training.model_copy(update={"seed": seed})
+            run_cfg = run_cfg.model_copy(update={"ner_veto_training": veto})
         runs[seed] = span_scores(gold, cross_validate(gold, run_cfg, cache, spacy_model).predicted)["ALL"]
         print(f"[extract-report] training seed {seed}: recall {100 * runs[seed].recall:.1f}", file=sys.stderr)
     rows = ["| training seed | recall % | precision % | typed recall % | found / gold | predicted |",
@@ -120,6 +123,8 @@ def _without_ner(cfg: ExtractionConfig) -> ExtractionConfig:
     return cfg.model_copy(
         update={
             "ner_model": None,
+            "ner_veto": None,  # the hand-written rules alone: no tagger judges them
+            "ner_union_p_outside": None,
             "recognizers": [r for r in cfg.recognizers if r != "SpacyRecognizer"],
             "spacy_disable": sorted({*cfg.spacy_disable, "ner", "lemmatizer"}),
             "rule_tuning": cfg.rule_tuning.model_copy(update={"enabled": False}),
@@ -128,10 +133,13 @@ def _without_ner(cfg: ExtractionConfig) -> ExtractionConfig:
 
 
 def _ner_alone(cfg: ExtractionConfig) -> ExtractionConfig:
-    """The engine's NER alone: no hand-written recognizer, veto, mention propagation or initials."""
+    """The engine's NER alone: no hand-written recognizer, veto (of numbers, or a tagger's: ``ner_veto``), mention
+    propagation or initials."""
     return cfg.model_copy(
         update={
             "recognizers": ["SpacyRecognizer"],
+            "ner_veto": None,
+            "ner_union_p_outside": None,
             "clinical_number_veto": False,
             "propagate_mentions": False,
             "expand_initials": False,
@@ -164,8 +172,17 @@ def _one_thread() -> None:
 
 
 def ner_label(cfg: ExtractionConfig) -> str:
-    """The report's name of a config's trained NER."""
-    return "transformer NER" if cfg.ner_training.kind == "transformer" else "clinical NER"
+    """The report's name of a config's trained NER (its engine's, with ``ner_veto``: "+ veto", and with
+    ``ner_union_p_outside``: "+ second pass")."""
+    label = "transformer NER" if cfg.ner_training.kind == "transformer" else "clinical NER"
+    if cfg.ner_veto:
+        label += " + veto" + (" + second pass" if cfg.ner_union_p_outside is not None else "")
+    return label
+
+
+def _ner_alone_label(cfg: ExtractionConfig) -> str:
+    """The report's name of a config's NER alone (no veto: the NER is the engine's spaCy or transformer model)."""
+    return ner_label(_ner_alone(cfg))
 
 
 def _fold_table(engine: str, cv: Any) -> str:
@@ -216,11 +233,11 @@ def extraction_report(
     ``seeds``: more training seeds (each its own patient folds and NER weights) whose pooled
     cross-validated figures are listed beside the configured seed's, with their mean and sd.
     """
-    from ctrlgen.extract.crossval import cross_validate, refuse_veto
+    from ctrlgen.extract.crossval import cross_validate, veto_training
     from ctrlgen.extract.deid_tool import run_deid
 
-    for c in [cfg, *also]:  # before any engine runs
-        refuse_veto(c.extraction)
+    for c in [cfg, *also]:  # before any engine runs: a veto is cross-validated with fold taggers, or not at all
+        veto_training(c.extraction)
 
     _one_thread()  # the speeds are per core: a transformer NER would otherwise run on every core
 
@@ -279,10 +296,10 @@ def extraction_report(
                 record(engine, cv.predicted, cv.seconds_extract)
                 # the same fold models (cached: same training settings) with none of the hand-written rules:
                 # the part of the figures that is cross-validated through and through
-                cv_alone = cross_validate(gold, _ner_alone(ncfg), NER_CACHE, cfg.nlp.spacy_model)
-                record(
-                    f"ctrlgen ({label} alone, {len(cv.folds)}-fold CV)", cv_alone.predicted, cv_alone.seconds_extract
-                )
+                alone_engine = f"ctrlgen ({_ner_alone_label(ncfg)} alone, {len(cv.folds)}-fold CV)"
+                if alone_engine not in scores:  # not already run for another config with this NER (a veto's)
+                    cv_alone = cross_validate(gold, _ner_alone(ncfg), NER_CACHE, cfg.nlp.spacy_model)
+                    record(alone_engine, cv_alone.predicted, cv_alone.seconds_extract)
                 if i == 0:
                     rules_only(gold, ncfg.min_age, record)
                 extra += _fold_table(engine, cv)
@@ -297,8 +314,9 @@ def extraction_report(
                         extra += _rules_section(cv, ncfg, deployed)
                     if seeds:
                         extra += _seed_spread(gold, ncfg, cv.predicted, seeds, cfg.nlp.spacy_model)
-                    extra += _cpu_spread(ncfg, cv.models)
-                if Path(ncfg.ner_model or "").is_dir():
+                    if not ncfg.ner_veto:  # the recorded set-ups ran the engine without a veto
+                        extra += _cpu_spread(ncfg, cv.models)
+                if Path(ncfg.ner_model or "").is_dir() and (not ncfg.ner_veto or Path(ncfg.ner_veto).is_dir()):
                     # the model trained on every note, on those same notes: what the unknown setting runs on
                     # this corpus (in-sample, not a quality figure)
                     ext = clinical_engine(i, ncfg.min_age)
@@ -310,11 +328,12 @@ def extraction_report(
                 ext = clinical_engine(i, min_age)
                 t0 = time.perf_counter()
                 record(f"ctrlgen ({label})", ext(gold), time.perf_counter() - t0)
-                if Path(ncfg.ner_model or "").is_dir():
+                alone_engine = f"ctrlgen ({_ner_alone_label(ncfg)} alone)"
+                if Path(ncfg.ner_model or "").is_dir() and alone_engine not in scores:
                     alone = PresidioExtractor(_ner_alone(ncfg.model_copy(update={"min_age": min_age})),
                                               cfg.nlp.spacy_model, "direct+quasi")  # fmt: skip
                     t0 = time.perf_counter()
-                    record(f"ctrlgen ({label} alone)", alone(gold), time.perf_counter() - t0)
+                    record(alone_engine, alone(gold), time.perf_counter() - t0)
                 if i == 0:
                     rules_only(gold, min_age, record)
         t0 = time.perf_counter()

@@ -2,6 +2,7 @@
 spans back to characters, training (a tiny random BERT on the MiniLM tokenizer) and its run through the
 Presidio engine as the NER of ``extraction.ner_model``."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -242,8 +243,10 @@ def test_cache_keys_of_the_two_kinds() -> None:
 
 
 def test_the_report_scores_the_transformer_beside_the_spacy_ner(tmp_path, shared, tiny_encoder, monkeypatch) -> None:
-    """extract-report with a spaCy NER config and, beside it (``also``), a transformer config: each cross-validated
-    on PhysioNet with its NER-alone row, both on TAB and ACI-Bench, and the rules alone once per corpus."""
+    """extract-report with a spaCy NER config and, beside it (``also``), a transformer config and the spaCy engine
+    with the transformer as its veto, without and with the second pass (one config, overridden): each
+    cross-validated on PhysioNet with its NER-alone row (once per NER), all on TAB and ACI-Bench, and the rules
+    alone once per corpus."""
     from ctrlgen.config import load_config
     from ctrlgen.corpora import load_corpus
     from ctrlgen.extract import report
@@ -268,29 +271,44 @@ def test_the_report_scores_the_transformer_beside_the_spacy_ner(tmp_path, shared
 
     from ctrlgen.cli import main
 
+    veto_how = {"kind": "transformer", "encoder": tiny_encoder, "epochs": 1, "max_length": 64, "stride": 8,
+                "augment_share": 0}  # fmt: skip
+    veto_cfg = spacy_cfg.model_copy(update={"extraction": spacy_cfg.extraction.model_copy(
+        update={"ner_veto": str(tmp_path / "tf"), "ner_veto_training": NerTrainingConfig(**veto_how)})})  # fmt: skip
     paths = []
-    for name, c in (("spacy", spacy_cfg), ("tf", tf_cfg)):
+    for name, c in (("spacy", spacy_cfg), ("tf", tf_cfg), ("veto", veto_cfg)):
         paths.append(tmp_path / f"{name}.yaml")
         paths[-1].write_text(yaml.safe_dump(c.model_dump(mode="json", exclude_none=True)))
     out = tmp_path / "extraction.md"
-    assert main(["extract-report", "-c", str(paths[0]), "--also", str(paths[1]), "--limit", "150", "--deid", "",
+    also = f"{paths[1]},{paths[2]},{paths[2]} extraction.ner_union_p_outside=0.5"
+    assert main(["extract-report", "-c", str(paths[0]), "--also", also, "--limit", "150", "--deid", "",
                  "--out", str(out), "--physionet", str(shared / "physionet-deid"), "--tab", str(shared / "tab"),
                  "--aci", str(shared / "aci-bench" / "valid.csv")]) == 0  # fmt: skip
     head, body = out.read_text().split("Hand-written rules measured", 1)
     assert "- **ctrlgen (clinical NER)**" in head and f"- **ctrlgen (transformer NER)** (`--also {paths[1]}`)" in head
+    assert f"- **ctrlgen (clinical NER + veto)** (`--also {paths[2]}`)" in head
+    union_entry = f"{paths[2]} extraction.ner_union_p_outside=0.5"
+    assert f"- **ctrlgen (clinical NER + veto + second pass)** (`--also {union_entry}`)" in head
+    assert head.count("Then a transformer tagger vetoes the engine's spans") == 2
+    assert head.count("also runs as the NER of a second pass of the same rules") == 1
     assert "BIO token classifier (windows of 64 word pieces overlapping by 8" in head
     body = "Hand-written rules measured" + body
     assert f"digest `{report.rules_digest()}`" in body
     physionet, tab, aci = body.split("### ")[1:]
     for row in ("ctrlgen (clinical NER, 2-fold CV)", "ctrlgen (clinical NER alone, 2-fold CV)",
                 "ctrlgen (transformer NER, 2-fold CV)", "ctrlgen (transformer NER alone, 2-fold CV)",
-                "ctrlgen (transformer NER, all notes: in-sample)", "ctrlgen (rules alone, no NER)"):  # fmt: skip
+                "ctrlgen (transformer NER, all notes: in-sample)", "ctrlgen (rules alone, no NER)",
+                "ctrlgen (clinical NER + veto, 2-fold CV)", "ctrlgen (clinical NER + veto + second pass, 2-fold CV)",
+                "ctrlgen (clinical NER + veto, all notes: in-sample)"):  # fmt: skip
         assert f"| {row} | ALL |" in physionet, row
     for section in (tab, aci):
         for row in ("ctrlgen (clinical NER)", "ctrlgen (transformer NER)", "ctrlgen (transformer NER alone)",
-                    "ctrlgen (rules alone, no NER)"):  # fmt: skip
+                    "ctrlgen (rules alone, no NER)", "ctrlgen (clinical NER + veto)",
+                    "ctrlgen (clinical NER + veto + second pass)"):  # fmt: skip
             assert f"| {row} | ALL |" in section, row
+        assert section.count("ctrlgen (clinical NER alone) | ALL") == 1
     assert physionet.count("ctrlgen (rules alone, no NER) | ALL") == 1
+    assert physionet.count("ctrlgen (clinical NER alone, 2-fold CV) | ALL") == 1  # the veto configs' NER: run once
 
 
 def test_span_p_outside_takes_the_least_sure_piece_overlapping_the_span() -> None:
@@ -356,14 +374,62 @@ def test_the_extraction_job_names_a_missing_veto_tagger_before_it_starts(tmp_pat
         ensure_ner_model(load_config(config, ["extraction.ner_veto=s3://bucket/tagger"]))
 
 
-def test_the_cross_validation_refuses_a_veto_tagger_that_saw_every_note(tmp_path) -> None:
+def test_the_cross_validation_refuses_a_veto_it_cannot_train_per_fold(tmp_path) -> None:
     from ctrlgen.errors import ConfigError
     from ctrlgen.extract.crossval import cross_validate
 
     ex = ExtractionConfig(setting="unknown", ner_model=str(tmp_path / "ner"), ner_veto=str(tmp_path / "tagger"))
-    with pytest.raises(ConfigError, match="ner_veto: the cross-validation does not train a veto tagger per fold"):
+    with pytest.raises(ConfigError, match="ner_veto: the cross-validation trains one veto tagger per fold .* "
+                                          "set extraction.ner_veto_training"):  # fmt: skip
         cross_validate(_notes(), ex, tmp_path)
     assert not any(tmp_path.iterdir())  # refused before any training
+    with pytest.raises(ValueError, match="ner_veto_training.kind must be transformer"):
+        ExtractionConfig(setting="unknown", ner_veto="t", ner_veto_training=NerTrainingConfig(kind="spacy"))
+
+
+def test_the_cross_validation_vetoes_each_fold_with_a_tagger_blind_to_its_patients(tmp_path, tiny_encoder) -> None:
+    from ctrlgen.extract.crossval import cross_validate
+    from ctrlgen.extract.presidio import PresidioExtractor
+
+    notes = [dataclasses.replace(d, text=d.text + " Call 617-555-1234.") for d in _notes()]
+    veto_how = NerTrainingConfig(kind="transformer", encoder=tiny_encoder, epochs=2, learning_rate=3e-3, batch_size=4,
+                                 max_length=64, stride=8, negatives=1.0)  # fmt: skip
+    ex = ExtractionConfig(
+        setting="unknown", recognizers=["SpacyRecognizer", "ClinicalPhoneRecognizer"], ner_model="unused",
+        ner_training=NerTrainingConfig(epochs=1, folds=2, workers=1, width=32, depth=1),
+        ner_veto=str(tmp_path / "never-trained"),  # the all-notes tagger: the CV must not need it
+        ner_veto_training=veto_how, ner_veto_p_outside=1e-6,  # a bar every span is vetoed at (P(O) >= 1e-6)
+    )  # fmt: skip
+    cv = cross_validate(notes, ex, tmp_path / "cache")
+    assert len(cv.vetoes) == len(cv.models) == 2
+    for fold, model, veto in zip(cv.folds, cv.models, cv.vetoes, strict=True):
+        ner, tagger = (json.loads((Path(m) / META_FILE).read_text())["trained_on"] for m in (model, veto))
+        assert tagger["kind"] == "transformer" and tagger["held_out_patients"] == ner["held_out_patients"] == fold
+
+    def spans(docs):
+        return [[(e.start, e.end, e.category) for e in d.entities] for d in docs]
+
+    plain = [PresidioExtractor(ex.model_copy(update={"ner_model": m, "ner_veto": None}), identifiers="direct+quasi")(g)
+             for m, g in zip(cv.models, cv.per_fold, strict=True)]  # fmt: skip
+    assert all(any(d.entities for d in fold) for fold in plain)  # the phone numbers, at least
+    assert not any(d.entities for fold in cv.per_fold_pred for d in fold)  # each fold's veto ran
+    for union_bar in (None, 0.5):  # the second pass runs the fold's tagger too
+        run = ex.model_copy(update={"ner_union_p_outside": union_bar})
+        cv = cross_validate(notes, run, tmp_path / "cache")  # cached: nothing trained again
+        for m, v, g, pred in zip(cv.models, cv.vetoes, cv.per_fold, cv.per_fold_pred, strict=True):
+            by_hand = PresidioExtractor(
+                run.model_copy(update={"ner_model": m, "ner_veto": v}), identifiers="direct+quasi"
+            )
+            assert spans(by_hand(g)) == spans(pred)
+    assert len(list((tmp_path / "cache").iterdir())) == 4  # 2 fold NERs + 2 fold taggers
+    # the in-fold rule selection scores the engine before the veto (no inner taggers); the fold's veto then runs
+    tuned = ex.model_copy(update={"rule_tuning": ex.rule_tuning.model_copy(update={"enabled": True, "inner_folds": 2})})
+    cv = cross_validate(notes, tuned, tmp_path / "cache")
+    assert len(cv.rules) == 2 and all(r.cfg.ner_veto is None for r in cv.rules)
+    assert not any(d.entities for fold in cv.per_fold_pred for d in fold)
+    inner = [p.name for p in (tmp_path / "cache").iterdir() if "inner" in p.name]
+    assert len(inner) == 4 and all(json.loads((tmp_path / "cache" / n / META_FILE).read_text())["trained_on"].get(
+        "kind", "spacy") == "spacy" for n in inner)  # fmt: skip
 
 
 def test_union_spans_adds_the_other_pass_spans_through_their_own_bar() -> None:
