@@ -8,6 +8,7 @@ one clear message and exit with status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -510,7 +511,9 @@ def _veto_text(cfg: CtrlgenConfig) -> str:
         f"cross-validation each fold's tagger is {arch} ({h.epochs} epochs, seed {h.seed}; "
         f"`extraction.ner_veto_training`) trained on the same other folds' patients as that fold's NER, and the "
         f"in-fold rule selection scores the engine before the veto. The NER alone and rules alone rows run without "
-        f"it; the in-sample row, TAB and ACI-Bench run the tagger trained on every PhysioNet note ({ex.ner_veto})."
+        f"it; the in-sample row, TAB and ACI-Bench run the tagger trained on every PhysioNet note ({ex.ner_veto}). "
+        f"The bars are the config's: the cross-validation does not choose them, so where they were chosen on some "
+        f"of these notes (the config's comments say where) those notes' figures are not out of sample for them."
     )
 
 
@@ -550,7 +553,7 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
     ex = cfg.extraction
     command = "ctrlgen extract-report" + (f" -c {args.config}" if args.config else "") + (
         f" --limit {args.limit}" if args.limit else "") + (f" --seeds {args.seeds}" if args.seeds else "") + (
-        f" --also {args.also}" if args.also else "") + (
+        f" --also {shlex.quote(args.also)}" if args.also else "") + (
         f" --out {args.out}" if args.out != "docs/extraction.md" else "")  # fmt: skip
     head = _REPORT_HEAD.format(
         command=command,
