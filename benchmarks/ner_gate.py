@@ -101,17 +101,16 @@ def gated(pred: Sequence[Any], pieces: Sequence[Any], gate: float | None) -> lis
 
 def union(first: Sequence[Any], second: Sequence[Any]) -> list[Any]:
     """Each note's spans of ``first`` and those of ``second`` that overlap none of them (in order of start)."""
-    out = []
-    for a, b in zip(first, second, strict=True):
-        extra = [e for e in b.entities if not any(e.start < x.end and x.start < e.end for x in a.entities)]
-        out.append(dataclasses.replace(a, entities=sorted([*a.entities, *extra], key=lambda e: (e.start, e.end))))
-    return out
+    return [dataclasses.replace(a, entities=sorted([*a.entities, *b.entities], key=lambda e: (e.start, e.end)))
+            for a, b in zip(first, extras(first, second), strict=True)]  # fmt: skip
 
 
 def extras(first: Sequence[Any], second: Sequence[Any]) -> list[Any]:
-    """Each note's spans of ``second`` that overlap none of ``first``'s (what :func:`union` adds)."""
-    return [dataclasses.replace(b, entities=[e for e in b.entities
-                                             if not any(e.start < x.end and x.start < e.end for x in a.entities)])
+    """Each note's spans of ``second`` that overlap none of ``first``'s (what :func:`union` adds: the product's
+    :func:`~ctrlgen.extract.transformer_ner.spans_apart`, per note)."""
+    from ctrlgen.extract.transformer_ner import spans_apart
+
+    return [dataclasses.replace(b, entities=spans_apart(a.entities, b.entities))
             for a, b in zip(first, second, strict=True)]  # fmt: skip
 
 

@@ -443,8 +443,8 @@ def main() -> None:
     if args.loader:
         from ctrlgen.extract.ner import NUMERICS, cpu_identity
 
-        entry = r["machines"].get(cpu_identity())
-        if not entry or entry.get("numerics") != NUMERICS or entry["reduced"]["notes"] != args.notes:
+        entry = _entry(r, cpu_identity(), NUMERICS)
+        if not entry or entry["reduced"]["notes"] != args.notes:
             raise SystemExit(f"no entry of this CPU ({cpu_identity()}) with the current numerics and {args.notes} "
                              "notes to compare with: run this script without --loader first")  # fmt: skip
         entry["reduced"].setdefault("loaders", []).append(under_loader(args.loader.resolve(), args.notes, args.epochs))
@@ -459,9 +459,7 @@ def main() -> None:
         from ctrlgen.extract.ner import NUMERICS
 
         m = {"date": datetime.now(UTC).date().isoformat(), "commit": args.commit or _commit(), "cpu": cpu(),
-             "numerics": NUMERICS, "cv": cross_validated(args.workers),
-             "cv_command": os.environ.get("KERNELS_RUN") or shlex.join([".venv/bin/python",
-                                                                        "benchmarks/ner_kernels.py", *sys.argv[1:]])}  # fmt: skip
+             "numerics": NUMERICS, "cv": cross_validated(args.workers), "cv_command": _command()}  # fmt: skip
         if args.entry:
             args.entry.write_text(json.dumps(m, indent=1) + "\n")
             print(f"[ner_kernels] this CPU's CV: {args.entry}", file=sys.stderr, flush=True)
@@ -469,8 +467,7 @@ def main() -> None:
             _add_cv(r, m)
         return
     m = measure(args.notes, args.epochs, args.repeats, [x for x in args.emulate.split(",") if x], args.commit)
-    m["command"] = os.environ.get("KERNELS_RUN") or shlex.join([".venv/bin/python", "benchmarks/ner_kernels.py",
-                                                                 *sys.argv[1:]])  # fmt: skip
+    m["command"] = _command()
     if args.entry:  # written now too: a run cut during the CV keeps the hashes
         args.entry.write_text(json.dumps(m, indent=1) + "\n")
     if args.cv:
@@ -485,10 +482,21 @@ def main() -> None:
     _add(r, m)
 
 
+def _entry(r: dict[str, Any], key: str, numerics: str) -> dict[str, Any] | None:
+    """The saved entry of CPU ``key`` if it was recorded under ``numerics`` (None otherwise)."""
+    entry = r["machines"].get(key)
+    return entry if entry and entry.get("numerics", OLD_NUMERICS) == numerics else None
+
+
+def _command() -> str:
+    """The command line of this run, as recorded in its entry (kernels_run.sh's on a lent machine)."""
+    return os.environ.get("KERNELS_RUN") or shlex.join([".venv/bin/python", "benchmarks/ner_kernels.py", *sys.argv[1:]])
+
+
 def _add_cv(r: dict[str, Any], m: dict[str, Any]) -> None:
     """Put a ``--cv-only`` run's CV into its CPU's entry (recorded with the same numerics); render."""
-    entry = r["machines"].get(m["cpu"]["key"])
-    if not entry or entry.get("numerics", OLD_NUMERICS) != m["numerics"]:
+    entry = _entry(r, m["cpu"]["key"], m["numerics"])
+    if not entry:
         raise SystemExit(f"no entry of {m['cpu']['key']} with numerics {m['numerics']!r}: merge its hashes first")
     entry["cv"] = m["cv"]
     entry["note"] = f"its CV in a separate run on {m['date']} (commit {m['commit']}): `{m['cv_command']}`"

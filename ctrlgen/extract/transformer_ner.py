@@ -53,6 +53,7 @@ __all__ = [
     "check_veto_model",
     "load_pipeline",
     "span_p_outside",
+    "spans_apart",
     "spans_from_tags",
     "token_labels",
     "train_transformer_ner",
@@ -265,9 +266,13 @@ def union_spans(
 ) -> list[Entity]:  # fmt: skip
     """``extraction.ner_union_p_outside``: ``first``'s spans through the veto at ``p_first``, and ``second``'s spans
     that overlap none of ``first``'s (before the veto) through it at ``p_second``, in order of start."""
-    extra = [e for e in second if not any(e.start < x.end and x.start < e.end for x in first)]
-    kept = [*veto_spans(first, pieces, p_first), *veto_spans(extra, pieces, p_second)]
+    kept = [*veto_spans(first, pieces, p_first), *veto_spans(spans_apart(first, second), pieces, p_second)]
     return sorted(kept, key=lambda e: (e.start, e.end))
+
+
+def spans_apart(first: Sequence[Entity], second: Sequence[Entity]) -> list[Entity]:
+    """``second``'s spans that overlap none of ``first``'s (what :func:`union_spans` adds, before its bar)."""
+    return [e for e in second if not any(e.start < x.end and x.start < e.end for x in first)]
 
 
 def _widen_to_words(text: str, start: int, end: int) -> tuple[int, int]:
