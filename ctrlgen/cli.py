@@ -512,8 +512,14 @@ def _veto_text(cfg: CtrlgenConfig) -> str:
         f"`extraction.ner_veto_training`) trained on the same other folds' patients as that fold's NER, and the "
         f"in-fold rule selection scores the engine before the veto. The NER alone and rules alone rows run without "
         f"it; the in-sample row, TAB and ACI-Bench run the tagger trained on every PhysioNet note ({ex.ner_veto}). "
-        f"The bars are the config's: the cross-validation does not choose them, so where they were chosen on some "
-        f"of these notes (the config's comments say where) those notes' figures are not out of sample for them."
+        + (
+            "The cross-validation chooses the bars inside each training fold (`extraction.bar_tuning`; the bars "
+            "above are the config's, which the in-sample, TAB and ACI-Bench rows run): each fold's chosen bars are "
+            "listed below its folds."
+            if ex.bar_tuning.enabled
+            else "The bars are the config's: the cross-validation does not choose them, so where they were chosen on "
+            "some of these notes (the config's comments say where) those notes' figures are not out of sample for them."
+        )
     )
 
 

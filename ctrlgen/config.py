@@ -317,6 +317,51 @@ class RuleTuningConfig(_Model):
     )
 
 
+class BarTuningConfig(_Model):
+    """In-fold choice of the veto tagger's bars (ner_veto_p_outside, and ner_union_p_outside when set) in the
+    extraction report's cross-validation.
+
+    For each outer fold, the training fold's patients are split in ``inner_folds``; on the held-out notes of the
+    first ``validation_folds`` of them, each scored by an engine whose NER and tagger were trained on the rest of
+    the training fold (its rules: the fold's in-fold selection, or the configured ones), every bar (pair) is scored
+    and the best by ``objective`` runs on the held-out fold: the held-out fold plays no part in the choice.
+    """
+
+    enabled: bool = Field(False, description="Choose the bars inside each training fold (the report's CV; needs ner_veto).")
+    inner_folds: int = Field(
+        3, ge=2, description="Patient folds of each training fold (the rule selection's when equal: its inner NERs)."
+    )
+    validation_folds: int = Field(
+        1, ge=1, description="How many of those inner folds score the bars: each trains one more tagger per outer fold."
+    )
+    veto_bars: list[float] = Field(
+        default_factory=lambda: [0.9, 0.99, 0.999, 0.9999, 0.99999, 0.999999],
+        min_length=1,
+        description="The ner_veto_p_outside values the choice may take.",
+    )
+    union_bars: list[float] = Field(
+        default_factory=lambda: [0.999999, 0.99999, 0.9999, 0.999, 0.99, 0.9, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01, 0.0],
+        min_length=1,
+        description="The ner_union_p_outside values the choice may take (with ner_union_p_outside set; 0: add none).",
+    )
+    objective: Literal["targets", "f_beta"] = Field(
+        "targets",
+        description="targets: the highest min(recall / recall_target, precision / precision_target); f_beta: the "
+        "highest F-beta. A tie goes to the bars that keep more spans, then to the earlier in the lists.",
+    )
+    recall_target: float = Field(0.985, gt=0.0, le=1.0, description="The recall the targets objective asks for.")
+    precision_target: float = Field(0.85, gt=0.0, le=1.0, description="The precision the targets objective asks for.")
+    beta: float = Field(2.0, gt=0.0, description="F-beta's beta (objective f_beta).")
+
+    @model_validator(mode="after")
+    def _bars(self) -> BarTuningConfig:
+        if any(not 0.0 < b <= 1.0 for b in self.veto_bars) or any(not 0.0 <= b <= 1.0 for b in self.union_bars):
+            raise ValueError("bar_tuning: veto_bars must lie in (0, 1] and union_bars in [0, 1]")
+        if self.validation_folds > self.inner_folds:
+            raise ValueError("bar_tuning.validation_folds cannot exceed bar_tuning.inner_folds")
+        return self
+
+
 class ExtractionConfig(_Model):
     """Entity extraction (METHOD.md section 2): known (gold / placeholders) or unknown (Presidio)."""
 
@@ -426,6 +471,7 @@ class ExtractionConfig(_Model):
     )
     ner_training: NerTrainingConfig = Field(default_factory=NerTrainingConfig)
     rule_tuning: RuleTuningConfig = Field(default_factory=RuleTuningConfig)
+    bar_tuning: BarTuningConfig = Field(default_factory=BarTuningConfig)
     expand_initials: bool = Field(
         False, description="Widen each PERSON over an initial right before or after it ('W. Marotta')."
     )
@@ -475,6 +521,8 @@ class ExtractionConfig(_Model):
             )
         if self.ner_veto_training is not None and self.ner_veto_training.kind != "transformer":
             raise ValueError("extraction.ner_veto_training.kind must be transformer: the veto is a transformer tagger")
+        if self.bar_tuning.enabled and not self.ner_veto:
+            raise ValueError("extraction.bar_tuning chooses extraction.ner_veto's bars: it needs extraction.ner_veto")
         return self
 
 

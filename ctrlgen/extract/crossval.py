@@ -33,12 +33,13 @@ from ctrlgen.extract.ner import (
     pinned_blas_env,
     train_ner,
 )
-from ctrlgen.extract.rules import RuleSelection
+from ctrlgen.extract.rules import BarSelection, RuleSelection
 from ctrlgen.schema import Document
 
 __all__ = [
     "CrossVal",
     "TrainJob",
+    "choose_bars",
     "choose_rules",
     "cross_validate",
     "ner_model_dir",
@@ -57,6 +58,7 @@ class CrossVal:
     models: list[str] = field(default_factory=list)
     vetoes: list[str] = field(default_factory=list)  # per fold, with extraction.ner_veto: its veto tagger
     rules: list[RuleSelection] = field(default_factory=list)  # per fold, with rule_tuning on
+    bars: list[BarSelection] = field(default_factory=list)  # per fold, with bar_tuning on
     seconds_extract: float = 0.0  # extraction only (models loaded), all folds
 
 
@@ -190,7 +192,10 @@ def cross_validate(
 
     With ``extraction.ner_veto``, each fold's veto tagger (and second pass, ``ner_union_p_outside``) is a tagger
     trained as ``extraction.ner_veto_training`` on the other folds' notes, the same patients as that fold's NER
-    (cached alike); the rule selection scores the engine before the veto, so it needs no inner taggers.
+    (cached alike); the rule selection scores the engine before the veto, so it needs no inner taggers. With
+    ``extraction.bar_tuning.enabled`` the veto's bars are chosen inside each training fold too
+    (:func:`choose_bars`): on the held-out notes of its first ``validation_folds`` inner patient folds, each scored
+    by the fold's rules with an inner NER and an inner tagger trained on the other inner folds.
 
     Raises:
         ConfigError: ``extraction.ner_veto`` is set without ``extraction.ner_veto_training``: the one configured
@@ -214,7 +219,10 @@ def cross_validate(
     veto_jobs = [] if veto_how is None else [
         job for job, _, _ in _fold_jobs(docs, k, extraction, cache, base_model, corpus_name, how=veto_how)
     ]  # fmt: skip
-    trained = train_cached(jobs + veto_jobs + [j for per in inner_jobs for j, _, _ in per], how.workers)
+    bar_jobs = [_bar_jobs(job.docs, extraction, cache, base_model, corpus_name, (i, k)) for i, job in enumerate(jobs)
+                if veto_how is not None and extraction.bar_tuning.enabled]  # fmt: skip
+    extra = [j for per in inner_jobs for j, _, _ in per] + [j for per in bar_jobs for n, t, _ in per for j in (n, t)]
+    trained = train_cached(jobs + veto_jobs + list({j.out: j for j in extra}.values()), how.workers)
     models = trained[: len(jobs)]
     vetoes = trained[len(jobs) : len(jobs) + len(veto_jobs)]
     by_id: dict[str, Document] = {}
@@ -234,6 +242,12 @@ def cross_validate(
         if vetoes:  # the fold's own veto tagger; the chosen rules, then the veto (and the second pass) as configured
             run_cfg = run_cfg.model_copy(
                 update={"ner_veto": vetoes[i], "ner_union_p_outside": extraction.ner_union_p_outside}
+            )
+        if bar_jobs:  # extraction.bar_tuning: the bars chosen on the training fold's validation notes
+            res.bars.append(choose_bars(bar_jobs[i], run_cfg, identifiers, f"fold {i + 1}/{k}"))
+            print(f"[cross-validate] fold {i + 1}/{k} bars: {res.bars[i].text()}", file=sys.stderr, flush=True)
+            run_cfg = run_cfg.model_copy(
+                update={"ner_veto_p_outside": res.bars[i].veto, "ner_union_p_outside": res.bars[i].union}
             )
         ext = PresidioExtractor(run_cfg, identifiers=identifiers)
         t0 = time.perf_counter()
@@ -278,6 +292,61 @@ def _fold_jobs(
         )
         out.append((job, fold, scored))
     return out
+
+
+def _bar_jobs(
+    docs: Sequence[Document],
+    extraction: ExtractionConfig,
+    cache: Path,
+    base_model: str,
+    corpus: str,
+    within: tuple[int, int],
+) -> list[tuple[TrainJob, TrainJob, list[Document]]]:
+    """``extraction.bar_tuning``'s validation folds of one training fold (``docs``; ``within``: its (i, k)): for the
+    first ``validation_folds`` of its ``inner_folds`` patient folds, (the NER job and the veto tagger job, both
+    trained on the other inner folds; the fold's notes, which they score). The NER jobs are the rule selection's
+    inner ones when the folds agree (cached alike)."""
+    t, veto_how = extraction.bar_tuning, veto_training(extraction)
+    assert veto_how is not None
+    ners = _fold_jobs(docs, t.inner_folds, extraction, cache, base_model, corpus, within=within)
+    taggers = _fold_jobs(docs, t.inner_folds, extraction, cache, base_model, corpus, within=within, how=veto_how)
+    return [(n, v, scored) for (n, _, scored), (v, _, _) in zip(ners, taggers, strict=True)][: t.validation_folds]
+
+
+def choose_bars(
+    validation: Sequence[tuple[TrainJob, TrainJob, Sequence[Document]]],
+    cfg: ExtractionConfig,
+    identifiers: str,
+    label: str,
+) -> BarSelection:
+    """:func:`~ctrlgen.extract.rules.select_bars` on validation notes, each scored by the engine of ``cfg`` (its
+    rules) with an NER and a veto tagger that did not see them (``validation``: their jobs and the notes)."""
+    import time
+
+    from ctrlgen.extract.presidio import PresidioExtractor
+    from ctrlgen.extract.rules import select_bars
+
+    t0 = time.perf_counter()
+    gold: list[Document] = []
+    first: list[list[Any]] = []
+    second: list[list[Any]] | None = [] if cfg.ner_union_p_outside is not None else None
+    pieces: list[Any] = []
+    for ner, tagger, scored in validation:
+        ext = PresidioExtractor(
+            cfg.model_copy(update={"ner_model": str(ner.out), "ner_veto": str(tagger.out)}), identifiers=identifiers
+        )
+        for b in range(0, len(scored), cfg.batch_size):  # the job's batches
+            texts = [d.text for d in scored[b : b + cfg.batch_size]]
+            first.extend(ext.engine_spans(texts))
+            more, p = ext.veto_inputs(texts)
+            pieces.extend(p)
+            if second is not None and more is not None:
+                second.extend(more)
+        gold.extend(scored)
+    sel = select_bars(gold, first, second, pieces, cfg.bar_tuning, (cfg.ner_veto_p_outside, cfg.ner_union_p_outside))
+    print(f"[cross-validate] {label}: {sel.evaluated} bars scored on {len(gold)} validation notes "
+          f"in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+    return sel
 
 
 def _tune(

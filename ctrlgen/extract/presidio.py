@@ -695,6 +695,22 @@ class PresidioExtractor:
 
     def extract_texts(self, texts: Sequence[str]) -> list[list[Entity]]:
         """Entities of each text; spaCy runs once over the batch (``nlp.pipe``)."""
+        out = self.engine_spans(texts)
+        if self._veto is not None and texts:  # the tagger's doubt, after every rule (extraction.ner_veto)
+            from ctrlgen.extract.transformer_ner import union_spans, veto_spans
+
+            second, pieces = self.veto_inputs(texts)
+            bar = self.cfg.ner_veto_p_outside
+            if second is None:
+                out = [veto_spans(ents, p, bar) for ents, p in zip(out, pieces, strict=True)]
+            else:  # extraction.ner_union_p_outside: the second pass's other spans, through their own bar
+                bar2 = self.cfg.ner_union_p_outside
+                assert bar2 is not None
+                out = [union_spans(a, b, p, bar, bar2) for a, b, p in zip(out, second, pieces, strict=True)]
+        return out
+
+    def engine_spans(self, texts: Sequence[str]) -> list[list[Entity]]:
+        """Entities of each text before ``extraction.ner_veto`` (the whole engine without a veto)."""
         out = []
         artifacts = self._engine.process_batch(list(texts), language="en", batch_size=self.cfg.nlp_batch_size)
         for text, nlp_artifacts in artifacts:
@@ -706,20 +722,20 @@ class PresidioExtractor:
                 score_threshold=self.cfg.score_threshold,
             )
             out.append(self.finish(text, results))
-        if self._veto is not None and texts:  # the tagger's doubt, after every rule (extraction.ner_veto)
-            from ctrlgen.extract.transformer_ner import union_spans, veto_spans
-
-            pieces = self._veto.piece_logprobs(list(texts))
-            bar = self.cfg.ner_veto_p_outside
-            if self._union is None:
-                out = [veto_spans(ents, p, bar) for ents, p in zip(out, pieces, strict=True)]
-            else:  # extraction.ner_union_p_outside: the second pass's other spans, through their own bar
-                with self._veto.primed(list(texts), pieces):  # the second pass's NER reuses these pieces
-                    second = self._union.extract_texts(texts)
-                bar2 = self.cfg.ner_union_p_outside
-                assert bar2 is not None
-                out = [union_spans(a, b, p, bar, bar2) for a, b, p in zip(out, second, pieces, strict=True)]
         return out
+
+    def veto_inputs(self, texts: Sequence[str]) -> tuple[list[list[Entity]] | None, list[Any]]:
+        """What the veto (``extraction.ner_veto``) judges ``texts``' spans by: the second pass's entities (None
+        without ``ner_union_p_outside``) and the tagger's word pieces (:meth:`TransformerTagger.piece_logprobs`).
+        Each bar then gates them alone (:func:`~ctrlgen.extract.transformer_ner.union_spans`): what the in-fold
+        choice of the bars scores (:func:`~ctrlgen.extract.rules.select_bars`)."""
+        if self._veto is None:
+            raise ValueError("veto_inputs needs extraction.ner_veto")
+        pieces = self._veto.piece_logprobs(list(texts))
+        if self._union is None:
+            return None, pieces
+        with self._veto.primed(list(texts), pieces):  # the second pass's NER reuses these pieces
+            return self._union.extract_texts(texts), pieces
 
     def finish(self, text: str, results: Sequence[Any], cfg: ExtractionConfig | None = None) -> list[Entity]:
         """The engine's steps after Presidio's analysis: ages, vetoes, overlaps, mention propagation, initials.

@@ -95,6 +95,34 @@ def _cpu_spread(ner_cfg: ExtractionConfig, fold_models: list[str]) -> str:
     return set_up_spread(key, hashes)
 
 
+def _bars_section(engine: str, cv: Any, ner_cfg: ExtractionConfig) -> str:
+    """Markdown: the veto tagger's bars each fold of ``engine`` ran, chosen on that fold's training notes only."""
+    t = ner_cfg.bar_tuning
+    union = ner_cfg.ner_union_p_outside is not None
+    objective = (f"F{t.beta:g}" if t.objective == "f_beta" else
+                 f"min(recall / {t.recall_target:g}, precision / {t.precision_target:g})")  # fmt: skip
+    rows = ["| fold | validation notes | ner_veto_p_outside" + (" | ner_union_p_outside" if union else "")
+            + " | validation precision % | validation recall % | at the config's bars: precision % | recall % |",
+            "|---|---|---" + ("|---" if union else "") + "|---|---|---|---|"]  # fmt: skip
+    for i, sel in enumerate(cv.bars):
+        rows.append(f"| {i + 1} | {sel.notes} | {sel.veto:g}" + (f" | {sel.union:g}" if union else "")
+                    + f" | {100 * sel.chosen[1]:.1f} | {100 * sel.chosen[2]:.1f} | {100 * sel.configured[1]:.1f} | "
+                    f"{100 * sel.configured[2]:.1f} |")  # fmt: skip
+    bars = ", ".join(f"{b:g}" for b in t.veto_bars)
+    unions = f" and ner_union_p_outside from {', '.join(f'{b:g}' for b in t.union_bars)} (every pair)" if union else ""
+    return (
+        f"\n{engine}: the veto tagger's bars chosen inside each training fold (`extraction.bar_tuning`, "
+        f"ctrlgen/extract/rules.py `select_bars`): ner_veto_p_outside from {bars}{unions}, the best {objective} "
+        f"(a tie to the bars that keep more spans) on the held-out notes of {t.validation_folds} of {t.inner_folds} "
+        f"patient folds of the training fold, each scored by that fold's rules with an NER and a tagger trained on "
+        f"the other inner folds; the held-out fold was used neither to train them nor to choose the bars. The "
+        f"config's own bars ({ner_cfg.ner_veto_p_outside:g}"
+        + (f" / {ner_cfg.ner_union_p_outside:g}" if union else "")
+        + ") are what `ctrlgen extract` runs, and the in-sample, TAB and ACI-Bench rows.\n\n"
+        + "\n".join(rows) + "\n"
+    )
+
+
 def _rules_section(cv: Any, ner_cfg: ExtractionConfig, deployed: Any) -> str:
     """Markdown: the rules each fold's engine ran, chosen on that fold's training notes only."""
     t = ner_cfg.rule_tuning
@@ -291,7 +319,7 @@ def extraction_report(
             label = ner_label(ncfg)
             if name.startswith("PhysioNet"):
                 cv = cross_validate(gold, ncfg, NER_CACHE, cfg.nlp.spacy_model)
-                tuned = ", rules chosen in-fold" if cv.rules else ""
+                tuned = (", rules chosen in-fold" if cv.rules else "") + (", bars chosen in-fold" if cv.bars else "")
                 engine = f"ctrlgen ({label}, {len(cv.folds)}-fold CV{tuned})"
                 record(engine, cv.predicted, cv.seconds_extract)
                 # the same fold models (cached: same training settings) with none of the hand-written rules:
@@ -303,6 +331,8 @@ def extraction_report(
                 if i == 0:
                     rules_only(gold, ncfg.min_age, record)
                 extra += _fold_table(engine, cv)
+                if cv.bars:
+                    extra += _bars_section(engine, cv, ncfg)
                 if i == 0:  # the rule selection and the seed spread: the config's own NER only
                     if cv.rules:
                         from ctrlgen.extract.crossval import choose_rules

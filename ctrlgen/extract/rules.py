@@ -27,11 +27,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctrlgen.config import ExtractionConfig
+from ctrlgen.config import BarTuningConfig, ExtractionConfig
 from ctrlgen.extract.quality import span_scores
 from ctrlgen.schema import Document, Entity
 
-__all__ = ["Analysed", "RuleSelection", "analysis_under", "candidate_changes", "f_beta", "select_rules"]
+__all__ = [
+    "Analysed",
+    "BarSelection",
+    "RuleSelection",
+    "analysis_under",
+    "bar_objective",
+    "candidate_changes",
+    "f_beta",
+    "select_bars",
+    "select_rules",
+]
 
 #: The switches a selection may turn off (when the configuration has them on).
 FLAGS = ("clinical_number_veto", "propagate_mentions", "expand_initials")
@@ -138,3 +148,64 @@ def select_rules(
         sel.steps.append(label)
     sel.cfg, sel.end, sel.evaluated = current, best, evaluated
     return sel
+
+
+@dataclass
+class BarSelection:
+    """The veto tagger's bars chosen on validation notes (``extraction.bar_tuning``), and how they scored there."""
+
+    veto: float  # ner_veto_p_outside
+    union: float | None  # ner_union_p_outside (None: no second pass)
+    chosen: tuple[float, float, float]  # (objective, precision, recall) at the chosen bars
+    configured: tuple[float, float, float]  # ... at the config's bars
+    notes: int = 0
+    evaluated: int = 0  # bar (pairs) scored
+
+    def text(self) -> str:
+        bars = f"ner_veto_p_outside {self.veto:g}" + ("" if self.union is None else f", ner_union_p_outside {self.union:g}")
+        (_, p, r), (_, p0, r0) = self.chosen, self.configured
+        return (f"{bars} (validation notes {self.notes}: precision {100 * p:.1f}%, recall {100 * r:.1f}%; "
+                f"at the config's bars {100 * p0:.1f}% / {100 * r0:.1f}%)")  # fmt: skip
+
+
+def bar_objective(t: BarTuningConfig, precision: float, recall: float) -> float:
+    """``t.objective`` of a precision and a recall: F-beta, or the lower of recall / recall_target and precision /
+    precision_target (1 or more when both targets are met)."""
+    if t.objective == "f_beta":
+        return f_beta(precision, recall, t.beta)
+    p = precision if precision == precision else 0.0
+    r = recall if recall == recall else 0.0
+    return min(r / t.recall_target, p / t.precision_target)
+
+
+def select_bars(
+    gold: Sequence[Document],
+    first: Sequence[Sequence[Entity]],
+    second: Sequence[Sequence[Entity]] | None,
+    pieces: Sequence[Any],
+    tuning: BarTuningConfig,
+    configured: tuple[float, float | None],
+) -> BarSelection:
+    """Every bar of ``tuning.veto_bars`` (with ``second``: every pair with ``tuning.union_bars``) scored on ``gold``'s
+    notes, and the best by ``tuning.objective``; a tie goes to the bars that keep more spans, then to the earlier.
+
+    ``first``: the engine's spans before the veto; ``second``: the second pass's (None without one); ``pieces``: the
+    tagger's (:meth:`~ctrlgen.extract.presidio.PresidioExtractor.veto_inputs`). ``configured``: the config's bars,
+    scored beside them."""
+    from ctrlgen.extract.transformer_ner import union_spans, veto_spans
+
+    def scored(veto: float, union: float | None) -> tuple[tuple[float, float, float], int]:
+        pred = []
+        for i, (d, ents, p) in enumerate(zip(gold, first, pieces, strict=True)):
+            kept = veto_spans(ents, p, veto) if second is None or union is None else union_spans(
+                ents, second[i], p, veto, union)  # fmt: skip
+            pred.append(Document(d.doc_id, d.text, d.metadata, kept))
+        s = span_scores(gold, pred)["ALL"]
+        return (bar_objective(tuning, s.precision, s.recall), s.precision, s.recall), s.predicted
+
+    unions: list[float | None] = list(tuning.union_bars) if second is not None else [None]
+    pairs = [(v, u) for v in tuning.veto_bars for u in unions]
+    results = [scored(v, u) for v, u in pairs]
+    best = max(range(len(pairs)), key=lambda i: (results[i][0][0], results[i][1], -i))
+    veto, union = pairs[best]
+    return BarSelection(veto, union, results[best][0], scored(*configured)[0], notes=len(gold), evaluated=len(pairs))

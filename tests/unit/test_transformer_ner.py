@@ -292,6 +292,7 @@ def test_the_report_scores_the_transformer_beside_the_spacy_ner(tmp_path, shared
     assert head.count("Then a transformer tagger vetoes the engine's spans") == 2
     assert head.count("also runs as the NER of a second pass of the same rules") == 1
     assert "BIO token classifier (windows of 64 word pieces overlapping by 8" in head
+    assert head.count("The bars are the config's: the cross-validation does not choose them") == 2
     body = "Hand-written rules measured" + body
     assert f"digest `{report.rules_digest()}`" in body
     physionet, tab, aci = body.split("### ")[1:]
@@ -309,6 +310,27 @@ def test_the_report_scores_the_transformer_beside_the_spacy_ner(tmp_path, shared
         assert section.count("ctrlgen (clinical NER alone) | ALL") == 1
     assert physionet.count("ctrlgen (rules alone, no NER) | ALL") == 1
     assert physionet.count("ctrlgen (clinical NER alone, 2-fold CV) | ALL") == 1  # the veto configs' NER: run once
+    assert "bars chosen in-fold" not in physionet
+
+
+def test_the_report_lists_the_bars_each_fold_chose_and_says_so_in_its_head() -> None:
+    from types import SimpleNamespace
+
+    from ctrlgen.cli import _veto_text
+    from ctrlgen.config import BarTuningConfig, CtrlgenConfig
+    from ctrlgen.extract.report import _bars_section
+    from ctrlgen.extract.rules import BarSelection
+
+    ex = ExtractionConfig(setting="unknown", ner_veto="t", ner_veto_training=NerTrainingConfig(kind="transformer"),
+                          ner_union_p_outside=0.2, bar_tuning=BarTuningConfig(enabled=True))  # fmt: skip
+    cv = SimpleNamespace(bars=[BarSelection(0.999, 0.5, (1.0, 0.9, 0.99), (0.9, 0.8, 0.97), notes=40, evaluated=78),
+                               BarSelection(0.99, 0.0, (0.8, 0.95, 0.9), (0.7, 0.9, 0.8), notes=30, evaluated=78)])  # fmt: skip
+    text = _bars_section("ctrlgen (clinical NER + veto + second pass, 5-fold CV)", cv, ex)
+    assert "| 1 | 40 | 0.999 | 0.5 | 90.0 | 99.0 | 80.0 | 97.0 |" in text
+    assert "| 2 | 30 | 0.99 | 0 | 95.0 | 90.0 | 90.0 | 80.0 |" in text
+    assert "min(recall / 0.985, precision / 0.85)" in text and "1 of 3 patient folds" in text
+    head = _veto_text(CtrlgenConfig(extraction=ex))
+    assert "The cross-validation chooses the bars inside each training fold" in head and "config's:" not in head
 
 
 def test_span_p_outside_takes_the_least_sure_piece_overlapping_the_span() -> None:
@@ -430,6 +452,79 @@ def test_the_cross_validation_vetoes_each_fold_with_a_tagger_blind_to_its_patien
     inner = [p.name for p in (tmp_path / "cache").iterdir() if "inner" in p.name]
     assert len(inner) == 4 and all(json.loads((tmp_path / "cache" / n / META_FILE).read_text())["trained_on"].get(
         "kind", "spacy") == "spacy" for n in inner)  # fmt: skip
+
+
+def test_the_cross_validation_chooses_the_bars_on_notes_the_held_out_fold_plays_no_part_in(
+    tmp_path, tiny_encoder
+) -> None:
+    from ctrlgen.config import BarTuningConfig
+    from ctrlgen.extract.crossval import cross_validate
+    from ctrlgen.extract.presidio import PresidioExtractor
+
+    notes = [dataclasses.replace(d, text=d.text + " Call 617-555-1234.") for d in _notes()]
+    veto_how = NerTrainingConfig(kind="transformer", encoder=tiny_encoder, epochs=2, learning_rate=3e-3, batch_size=4,
+                                 max_length=64, stride=8, negatives=1.0)  # fmt: skip
+    bars = BarTuningConfig(enabled=True, inner_folds=2, veto_bars=[1e-6, 1.0], union_bars=[0.0, 1.0], objective="f_beta")
+    ex = ExtractionConfig(
+        setting="unknown", recognizers=["SpacyRecognizer", "ClinicalPhoneRecognizer"], ner_model="unused",
+        ner_training=NerTrainingConfig(epochs=1, folds=2, workers=1, width=32, depth=1),
+        ner_veto=str(tmp_path / "never-trained"), ner_veto_training=veto_how, ner_veto_p_outside=1e-6,
+        ner_union_p_outside=0.0, bar_tuning=bars,
+    )  # fmt: skip
+    cv = cross_validate(notes, ex, tmp_path / "cache")
+    assert len(cv.bars) == 2
+    patients = {d.doc_id: d.metadata["patient"] for d in notes}
+    for i, (fold, sel) in enumerate(zip(cv.folds, cv.bars, strict=True)):
+        # the configured bars drop every span (F2 of nothing is 0): the choice keeps some
+        assert sel.veto in (1e-6, 1.0) and sel.union in (0.0, 1.0) and sel.evaluated == 4
+        assert sel.chosen[0] > 0 and sel.configured[::2] == (0.0, 0.0) and sel.notes > 0
+        inner = [p for p in (tmp_path / "cache").iterdir() if f"fold{i + 1}of2-inner1of2" in p.name]
+        metas = [json.loads((p / META_FILE).read_text())["trained_on"] for p in inner]
+        assert sorted(m.get("kind", "spacy") for m in metas) == ["spacy", "transformer"]  # the inner NER and tagger
+        for m in metas:  # trained on the training fold less the validation notes: never on the held-out fold
+            assert not set(m["held_out_patients"]) & set(fold)
+            assert m["train_documents"] + sel.notes == sum(patients[d.doc_id] not in fold for d in notes)
+    for m, v, g, pred, sel in zip(cv.models, cv.vetoes, cv.per_fold, cv.per_fold_pred, cv.bars, strict=True):
+        run = ex.model_copy(update={"ner_model": m, "ner_veto": v, "ner_veto_p_outside": sel.veto,
+                                    "ner_union_p_outside": sel.union})  # fmt: skip
+        by_hand = PresidioExtractor(run, identifiers="direct+quasi")(g)
+        assert [[(e.start, e.end) for e in d.entities] for d in by_hand] == [
+            [(e.start, e.end) for e in d.entities] for d in pred
+        ]
+    assert any(d.entities for fold in cv.per_fold_pred for d in fold)  # the configured bar 1e-6 would drop them all
+    with pytest.raises(ValueError, match="bar_tuning chooses extraction.ner_veto's bars: it needs"):
+        ExtractionConfig(setting="unknown", bar_tuning=bars)
+
+
+def test_select_bars_takes_the_best_bars_by_the_objective_and_ties_to_more_spans() -> None:
+    import math
+
+    import torch
+
+    from ctrlgen.config import BarTuningConfig
+    from ctrlgen.extract.rules import bar_objective, select_bars
+
+    text = "aa bb cc dd"
+    offs = [(0, 2), (3, 5), (6, 8), (9, 11)]
+    logp = torch.tensor([[math.log(p), math.log(1 - p)] for p in (0.3, 0.999, 0.95, 0.5)])
+
+    def ent(s: int, e: int) -> Entity:
+        return Entity(s, e, text[s:e], "PERSON", "DIRECT", "x")
+
+    gold = [Document("d", text, {}, [ent(0, 2), ent(6, 8)])]  # the tagger is sure "bb" is not private
+    first = [[ent(0, 2), ent(3, 5), ent(6, 8)]]
+    second = [[ent(9, 11)]]  # a false span of the second pass
+    t = BarTuningConfig(veto_bars=[0.9, 0.99, 0.9999], union_bars=[0.0, 0.6], recall_target=1.0, precision_target=0.9)
+    sel = select_bars(gold, first, None, [(offs, logp)], t, (0.9, None))
+    # 0.9 drops "bb" and "cc" (recall 1/2); 0.99 "bb" only (2/2, precision 1); 0.9999 keeps all (precision 2/3)
+    assert (sel.veto, sel.union, sel.evaluated) == (0.99, None, 3) and sel.chosen[1:] == (1.0, 1.0)
+    assert sel.configured[1:] == (1.0, 0.5) and "ner_veto_p_outside 0.99 " in sel.text()
+    sel = select_bars(gold, first, second, [(offs, logp)], t, (0.9, 0.6))
+    assert (sel.veto, sel.union, sel.evaluated) == (0.99, 0.0, 6)  # the false "dd" added at 0.6 only
+    # both targets met at 0.99 and 0.9999 alike under a lax precision target: the tie goes to more spans
+    lax = t.model_copy(update={"precision_target": 0.01, "recall_target": 0.5})
+    assert bar_objective(lax, 1.0, 1.0) == bar_objective(lax, 2 / 3, 1.0) == 2.0
+    assert select_bars(gold, first, None, [(offs, logp)], lax, (0.9, None)).veto == 0.9999
 
 
 def test_union_spans_adds_the_other_pass_spans_through_their_own_bar() -> None:
