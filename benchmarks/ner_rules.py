@@ -58,9 +58,12 @@ CONFIGURED, DICT_OFF = "configured rules", "configured rules without DictionaryR
 
 
 def both_targets(precision: float, recall: float) -> float:
-    """The lower of recall / 0.985 and precision / 0.85: 1 or more when both targets are met."""
-    p = precision if precision == precision else 0.0
-    return min(recall / TARGET_R, p / TARGET_P)
+    """The lower of recall / 0.985 and precision / 0.85: 1 or more when both targets are met (bar_tuning's
+    ``targets`` objective at its default targets)."""
+    from ctrlgen.config import BarTuningConfig
+    from ctrlgen.extract.rules import bar_objective
+
+    return bar_objective(BarTuningConfig(), precision, recall)
 
 
 def select_for(

@@ -280,6 +280,19 @@ class NerTrainingConfig(_Model):
         "and AdamW's state stay float32; training runs on the CPU): faster on CPUs with AVX-512 BF16 or AMX, slower "
         "elsewhere; not float32's weights (docs/benchmarks.md, the transformer NER trained under bf16 autocast).",
     )
+    min_fit_recall: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="kind transformer: after training, the tagger must find (overlap) at least this share of the "
+        "gold spans of `fit_sample` of its own training notes; below it the training stalled (it tags nearly "
+        "everything outside, whatever the loss says) and runs again from the next seed, up to `fit_retries` more "
+        "times, then stops with a clear error. The attempts are recorded in the model's metadata. 0: no check.",
+    )
+    fit_retries: int = Field(2, ge=0, le=10, description="kind transformer: trainings from the next seeds after a stall.")
+    fit_sample: int = Field(
+        64, ge=1, description="kind transformer: training notes with spans (seeded) the stall check tags."
+    )
     folds: int = Field(5, ge=2, description="Patient folds of the extraction report's cross-validation.")
     workers: int = Field(2, ge=1, description="Folds trained in parallel processes.")
     data: CorpusConfig | None = Field(
@@ -333,6 +346,12 @@ class BarTuningConfig(_Model):
     )
     validation_folds: int = Field(
         1, ge=1, description="How many of those inner folds score the bars: each trains one more tagger per outer fold."
+    )
+    match_updates: bool = Field(
+        True,
+        description="Train each inner tagger for about the updates of the fold's tagger whose bars it chooses: "
+        "epochs x the training fold's notes / the inner tagger's training notes, rounded (never fewer than "
+        "ner_veto_training.epochs). False: the same epochs, so fewer updates on fewer notes: a less sure tagger.",
     )
     veto_bars: list[float] = Field(
         default_factory=lambda: [0.9, 0.99, 0.999, 0.9999, 0.99999, 0.999999],

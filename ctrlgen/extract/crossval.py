@@ -78,7 +78,8 @@ def ner_model_dir(cache: Path, docs: Sequence[Document], how: NerTrainingConfig,
     # a fine-tuned base NER keeps the key it had before width / depth existed
     skip = {"folds", "workers", "data"} | ({"width", "depth"} if how.width is None else set())
     if how.kind == "spacy":  # a spaCy NER keeps the key it had before the transformer's settings existed
-        skip |= {"kind", "encoder", "learning_rate", "batch_size", "max_length", "stride", "case_features", "bf16"}
+        skip |= {"kind", "encoder", "learning_rate", "batch_size", "max_length", "stride", "case_features", "bf16",
+                 "min_fit_recall", "fit_retries", "fit_sample"}
     else:
         skip |= {"dropout", "width", "depth", "average_params"}
         if not how.case_features:  # a tagger without them keeps the key it had before they existed
@@ -102,7 +103,8 @@ def _train(job: TrainJob) -> NerTrainResult:
             job.docs, job.out, h.encoder, h.epochs, h.seed, h.learning_rate, h.batch_size, h.max_length, h.stride,
             h.negatives, pools, h.augment_share, job.trained_on,
             log=lambda m: print(f"train-ner [{tag}]: {m}", file=sys.stderr, flush=True), threads=job.threads,
-            case_features=h.case_features, bf16=h.bf16,
+            case_features=h.case_features, bf16=h.bf16, min_fit_recall=h.min_fit_recall, fit_retries=h.fit_retries,
+            fit_sample=h.fit_sample,
         )  # fmt: skip
     return train_ner(job.docs, job.out, job.base_model, h.epochs, h.seed, h.dropout, h.negatives, pools,
                      h.augment_share, job.trained_on,
@@ -269,11 +271,14 @@ def _fold_jobs(
     corpus: str,
     within: tuple[int, int] | None = None,
     how: NerTrainingConfig | None = None,
+    match_notes: int | None = None,
 ) -> list[tuple[TrainJob, list[str], list[Document]]]:
     """One NER job per patient fold of ``docs``: (the job, trained on the other folds; the fold's
     patients; its notes, which that NER scores). ``within``: (i, k) when these are the inner
     cross-validation of outer fold i of k (the training notes of that fold). ``how``: another model's training
-    (the veto's) on the same patient folds, which ``extraction.ner_training.seed`` draws whatever ``how``."""
+    (the veto's) on the same patient folds, which ``extraction.ner_training.seed`` draws whatever ``how``.
+    ``match_notes``: each job trains for the notes a training of ``how.epochs`` on ``match_notes`` notes sees
+    (:func:`matched_epochs`), about its updates."""
     seed = extraction.ner_training.seed
     how = how or extraction.ner_training
     patients = [str(d.metadata.get("patient", d.doc_id)) for d in docs]
@@ -287,11 +292,22 @@ def _fold_jobs(
             i, k = within
             tag, name = f"{i + 1}/{k} inner {tag}", f"{corpus}-fold{i + 1}of{k}-inner{j + 1}of{n}"
         meta = {"corpus": corpus, "fold": tag, "held_out_patients": fold, "train_documents": len(fit)}
-        job = TrainJob(
-            fit, ner_model_dir(cache, fit, how, base_model, name), how, base_model, extraction.name_lists, meta
-        )
+        h = how
+        if match_notes is not None:
+            h = how.model_copy(update={"epochs": matched_epochs(how.epochs, match_notes, len(fit))})
+        job = TrainJob(fit, ner_model_dir(cache, fit, h, base_model, name), h, base_model, extraction.name_lists, meta)
         out.append((job, fold, scored))
     return out
+
+
+def matched_epochs(epochs: int, notes: int, fewer: int) -> int:
+    """The epochs on ``fewer`` notes that see about as many notes as ``epochs`` on ``notes`` (so about as many
+    updates), never fewer than ``epochs``.
+
+    >>> matched_epochs(4, 1450, 970)
+    6
+    """
+    return max(epochs, round(epochs * notes / max(1, fewer)))
 
 
 def _bar_jobs(
@@ -309,7 +325,8 @@ def _bar_jobs(
     t, veto_how = extraction.bar_tuning, veto_training(extraction)
     assert veto_how is not None
     ners = _fold_jobs(docs, t.inner_folds, extraction, cache, base_model, corpus, within=within)
-    taggers = _fold_jobs(docs, t.inner_folds, extraction, cache, base_model, corpus, within=within, how=veto_how)
+    taggers = _fold_jobs(docs, t.inner_folds, extraction, cache, base_model, corpus, within=within, how=veto_how,
+                         match_notes=len(docs) if t.match_updates else None)  # fmt: skip
     return [(n, v, scored) for (n, _, scored), (v, _, _) in zip(ners, taggers, strict=True)][: t.validation_folds]
 
 

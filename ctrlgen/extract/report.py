@@ -115,7 +115,10 @@ def _bars_section(engine: str, cv: Any, ner_cfg: ExtractionConfig) -> str:
         f"ctrlgen/extract/rules.py `select_bars`): ner_veto_p_outside from {bars}{unions}, the best {objective} "
         f"(a tie to the bars that keep more spans) on the held-out notes of {t.validation_folds} of {t.inner_folds} "
         f"patient folds of the training fold, each scored by that fold's rules with an NER and a tagger trained on "
-        f"the other inner folds; the held-out fold was used neither to train them nor to choose the bars. The "
+        f"the other inner folds ("
+        + ("the tagger for about the updates of the fold's own: its epochs times the training fold's notes over "
+           "its own" if t.match_updates else "the tagger for the fold tagger's epochs, on fewer notes")
+        + f"); the held-out fold was used neither to train them nor to choose the bars. The "
         f"config's own bars ({ner_cfg.ner_veto_p_outside:g}"
         + (f" / {ner_cfg.ner_union_p_outside:g}" if union else "")
         + ") are what `ctrlgen extract` runs, and the in-sample, TAB and ACI-Bench rows.\n\n"

@@ -51,6 +51,7 @@ __all__ = [
     "Window",
     "case_ids",
     "check_veto_model",
+    "fit_recall",
     "load_pipeline",
     "span_p_outside",
     "spans_apart",
@@ -454,6 +455,9 @@ def train_transformer_ner(
     threads: int = 0,
     case_features: bool = False,
     bf16: bool = False,
+    min_fit_recall: float = 0.0,
+    fit_retries: int = 0,
+    fit_sample: int = 64,
 ) -> NerTrainResult:
     """Fine-tune ``encoder`` for BIO tagging of ``docs``' entities; save the checkpoint to ``out_dir``.
 
@@ -463,21 +467,113 @@ def train_transformer_ner(
     gradients clipped at norm 1. ``case_features``: a word-shape embedding (:func:`case_ids`) trained with it.
     ``bf16``: the forward pass (and so the backward one) under bf16 autocast; the weights, their gradients and the
     optimizer's state stay float32.
+
+    ``min_fit_recall`` (0: no check): the saved tagger must find (overlap) at least this share of the gold spans
+    of ``fit_sample`` of its own training notes with spans (seeded, as written, without surrogates). A training
+    that ends below it stalled (it tags nearly everything outside, whatever the loss says) and runs again from
+    the next seed (``seed + 1``, ...), up to ``fit_retries`` more times; the metadata records every attempt
+    (``trained_on.fit``).
+
+    Raises:
+        CtrlgenError: no training document has an entity; or every attempt ended under ``min_fit_recall``.
     """
     from ctrlgen.assets import offline_env, sentence_encoder_dir
 
     offline_env()
     import torch
-    from transformers import AutoModelForTokenClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
     say = log or (lambda m: print(f"train-ner: {m}", file=sys.stderr, flush=True))
     _threads(threads)
     t0 = time.perf_counter()
-    torch.manual_seed(seed)
     base = sentence_encoder_dir(encoder)
     tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
     if not getattr(tokenizer, "is_fast", False):
         raise CtrlgenError(f"the encoder {encoder} has no fast tokenizer (needed for character offsets)")
+    gold = [(d, _gold_spans(d)) for d in docs]
+    pos = [d for d, spans in gold if spans]
+    neg = [d for d, spans in gold if not spans]
+    if not pos:
+        raise CtrlgenError("no training document has an entity to learn from")
+    n_spans = sum(len(spans) for _, spans in gold)
+    checked = random.Random(seed).sample(pos, min(fit_sample, len(pos))) if min_fit_recall > 0 else []
+    settings = dict(trained_on or {}, kind="transformer", encoder=encoder, learning_rate=learning_rate,
+                    batch_size=batch_size, max_length=max_length, stride=stride, negatives=negatives,
+                    augment_share=augment_share if surrogates else 0.0, case_features=case_features,
+                    bf16_autocast=bf16)  # fmt: skip
+    out = Path(out_dir)
+    attempts: list[dict[str, Any]] = []
+    for attempt in range(fit_retries + 1 if checked else 1):
+        s = seed + attempt
+        model, case, losses, updates = _fit(
+            base, tokenizer, pos, neg, s, epochs, learning_rate, batch_size, max_length, stride, negatives,
+            surrogates, augment_share, case_features, bf16, say, t0,
+        )  # fmt: skip
+        _save(out, model, tokenizer, case)
+        info = dict(settings, updates=updates, torch_threads=torch.get_num_threads(),
+                    architecture=f"{model.config.model_type} token classifier, {model.config.num_hidden_layers} "
+                                 f"layers, hidden {model.config.hidden_size}")  # fmt: skip
+        res = NerTrainResult.write(out, len(docs), n_spans, epochs, s, time.perf_counter() - t0, losses, info)
+        if not checked:
+            return res
+        found, total = fit_recall(TransformerTagger(out, device="cpu"), checked)
+        attempts.append({"seed": s, "recall": round(found / total, 4), "losses": [round(x, 2) for x in losses]})
+        fit = {"min_recall": min_fit_recall, "notes": len(checked), "spans": total, "attempts": attempts}
+        res = NerTrainResult.write(out, len(docs), n_spans, epochs, s, time.perf_counter() - t0, losses,
+                                   dict(info, fit=fit))  # fmt: skip
+        if found / total >= min_fit_recall:
+            say(f"fit check: {found}/{total} gold spans of {len(checked)} training notes found "
+                f"({found / total:.1%} >= {min_fit_recall:.0%}), seed {s}")  # fmt: skip
+            return res
+        say(f"fit check: {found}/{total} gold spans of {len(checked)} training notes found ({found / total:.1%} < "
+            f"{min_fit_recall:.0%}): the training with seed {s} stalled"
+            + (f"; again with seed {s + 1}" if attempt < fit_retries else ""))  # fmt: skip
+    raise CtrlgenError(
+        f"the transformer NER's training stalled {len(attempts)} time(s) (seeds {seed}-{seed + len(attempts) - 1}): "
+        f"it found at most {max(a['recall'] for a in attempts):.1%} of the gold spans of {len(checked)} of its own "
+        f"training notes (ner_training.min_fit_recall {min_fit_recall}); try another learning_rate or more epochs "
+        f"(the attempts' losses: {out / META_FILE})"
+    )
+
+
+def fit_recall(tagger: Callable[[list[str]], list[list[tuple[int, int, str, float]]]], docs: Sequence[Document],
+               batch: int = 16) -> tuple[int, int]:  # fmt: skip
+    """(gold spans of ``docs`` that a span of ``tagger`` overlaps, gold spans): :func:`train_transformer_ner`'s
+    check that a training did not stall, on notes it was trained on."""
+    found = total = 0
+    for b in range(0, len(docs), batch):
+        part = docs[b : b + batch]
+        for d, pred in zip(part, tagger([x.text for x in part]), strict=True):
+            spans = _gold_spans(d)
+            total += len(spans)
+            found += sum(any(s < pe and ps < e for ps, pe, _, _ in pred) for s, e, _ in spans)
+    return found, total
+
+
+def _fit(
+    base: Path,
+    tokenizer: Any,
+    pos: Sequence[Document],
+    neg: Sequence[Document],
+    seed: int,
+    epochs: int,
+    learning_rate: float,
+    batch_size: int,
+    max_length: int,
+    stride: int,
+    negatives: float,
+    surrogates: Surrogates | None,
+    augment_share: float,
+    case_features: bool,
+    bf16: bool,
+    say: Callable[[str], None],
+    t0: float,
+) -> tuple[Any, Any, list[float], int]:
+    """One training from ``seed``: (the model, its case embedding or None, the loss of each epoch, the updates)."""
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    torch.manual_seed(seed)
     model = AutoModelForTokenClassification.from_pretrained(
         str(base),
         local_files_only=True,
@@ -486,19 +582,13 @@ def train_transformer_ner(
         label2id={label: i for i, label in enumerate(BIO)},
     )
     case = _case_embedding(model.config.hidden_size) if case_features else None
-    gold = [(d, _gold_spans(d)) for d in docs]
-    pos = [d for d, spans in gold if spans]
-    neg = [d for d, spans in gold if not spans]
-    if not pos:
-        raise CtrlgenError("no training document has an entity to learn from")
-    n_spans = sum(len(spans) for _, spans in gold)
     rng = random.Random(seed)
     # every epoch's batches first (tokenizing is cheap), so that the schedule knows its number of updates
     plan: list[list[tuple[list[int], list[int], list[int]]]] = []
     for _ in range(epochs):
         seen = [augment(d, surrogates, rng) if surrogates is not None and rng.random() < augment_share else d
                 for d in pos]  # fmt: skip
-        seen += rng.sample(neg, round(negatives * len(neg)))
+        seen += rng.sample(list(neg), round(negatives * len(neg)))
         wins = windows(tokenizer, [d.text for d in seen], max_length, stride)
         spans_of = [_gold_spans(d) for d in seen]  # (surrogates move the spans: per epoch)
         texts = [d.text for d in seen]
@@ -522,7 +612,10 @@ def train_transformer_ner(
             total += train_step(model, case, params, opt, sched, batch, pad, bf16) * len(batch)
         losses_by_epoch.append(total)
         say(f"epoch {epoch + 1}/{epochs}: {len(rows)} windows, loss {total:.1f} ({time.perf_counter() - t0:.0f} s)")
-    out = Path(out_dir)
+    return model, case, losses_by_epoch, updates
+
+
+def _save(out: Path, model: Any, tokenizer: Any, case: Any) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
@@ -530,13 +623,6 @@ def train_transformer_ner(
         from safetensors.torch import save_file
 
         save_file({"weight": case.weight.detach().contiguous()}, str(out / CASE_FILE))
-    info = dict(trained_on or {}, kind="transformer", encoder=encoder, learning_rate=learning_rate,
-                batch_size=batch_size, max_length=max_length, stride=stride, negatives=negatives,
-                augment_share=augment_share if surrogates else 0.0, updates=updates,
-                torch_threads=torch.get_num_threads(), case_features=case_features, bf16_autocast=bf16,
-                architecture=f"{model.config.model_type} token classifier, {model.config.num_hidden_layers} layers, "
-                             f"hidden {model.config.hidden_size}")  # fmt: skip
-    return NerTrainResult.write(out, len(docs), n_spans, epochs, seed, time.perf_counter() - t0, losses_by_epoch, info)
 
 
 def is_transformer_model(path: str | Path) -> bool:

@@ -11,7 +11,7 @@ import pytest
 from ctrlgen.assets import sentence_encoder_dir
 from ctrlgen.config import ExtractionConfig, NerTrainingConfig
 from ctrlgen.errors import CtrlgenError
-from ctrlgen.extract.crossval import ner_model_dir
+from ctrlgen.extract.crossval import matched_epochs, ner_model_dir
 from ctrlgen.extract.ner import META_FILE, cpu_identity
 from ctrlgen.extract.transformer_ner import (
     BIO,
@@ -221,6 +221,68 @@ def test_training_is_seeded(tmp_path, tiny_encoder) -> None:
     assert {str(p.dtype) for p in tagger.model.parameters()} == {"torch.float32"}
 
 
+def test_a_stalled_training_runs_again_from_the_next_seed_and_fails_clearly_if_it_never_fits(
+    tmp_path, tiny_encoder, monkeypatch
+) -> None:
+    """The fit check tags its own training notes with the saved tagger; below ``min_fit_recall`` it trains again
+    from the next seed. The first attempt is made to read as stalled; the second is checked for real."""
+    from ctrlgen.extract import transformer_ner
+
+    real, calls = transformer_ner.fit_recall, []
+
+    def stalled_first(tagger, docs):
+        calls.append(len(docs))
+        found, total = real(tagger, docs)
+        return (0 if len(calls) == 1 else found), total
+
+    kw = dict(epochs=40, learning_rate=3e-3, batch_size=4, max_length=64, stride=8, negatives=1.0, log=lambda m: None,
+              threads=1)  # fmt: skip
+    monkeypatch.setattr(transformer_ner, "fit_recall", stalled_first)
+    said: list[str] = []
+    res = train_transformer_ner(_notes(), tmp_path / "a", tiny_encoder, seed=0, min_fit_recall=0.9, fit_retries=2,
+                                fit_sample=5, **{**kw, "log": said.append})  # fmt: skip
+    fit = json.loads((tmp_path / "a" / META_FILE).read_text())["trained_on"]["fit"]
+    assert calls == [5, 5] and [a["seed"] for a in fit["attempts"]] == [0, 1] and res.seed == 1
+    assert fit["attempts"][0]["recall"] == 0 and fit["attempts"][1]["recall"] >= 0.9 and fit["spans"] == 5
+    assert any("stalled; again with seed 1" in m for m in said)
+    # what was kept is the training from seed 1, as trained without the check
+    monkeypatch.setattr(transformer_ner, "fit_recall", real)
+    plain = train_transformer_ner(_notes(), tmp_path / "b", tiny_encoder, seed=1, **kw)
+    assert res.weights_sha256 == plain.weights_sha256
+    # a training that never fits stops with a clear error that names no note text; its attempts are recorded
+    monkeypatch.setattr(transformer_ner, "fit_recall", lambda tagger, docs: (0, 4))
+    with pytest.raises(CtrlgenError, match=r"stalled 2 time\(s\) \(seeds 0-1\).*min_fit_recall 0.5") as err:
+        train_transformer_ner(_notes(), tmp_path / "c", tiny_encoder, seed=0, min_fit_recall=0.5, fit_retries=1,
+                              **{**kw, "epochs": 1})  # fmt: skip
+    assert not any(d.text[:20] in str(err.value) for d in _notes())
+    attempts = json.loads((tmp_path / "c" / META_FILE).read_text())["trained_on"]["fit"]["attempts"]
+    assert [a["seed"] for a in attempts] == [0, 1]
+
+
+def test_the_inner_taggers_train_for_about_the_updates_of_the_fold_tagger(tmp_path) -> None:
+    from ctrlgen.config import BarTuningConfig
+    from ctrlgen.extract.crossval import _bar_jobs
+
+    assert matched_epochs(4, 1450, 970) == 6 and matched_epochs(4, 1450, 1450) == 4
+    assert matched_epochs(4, 100, 400) == 4  # never fewer than asked
+    assert matched_epochs(3, 10, 0) == 30
+    docs = [dataclasses.replace(d, metadata={"patient": f"p{i}"}) for i, d in enumerate(_notes() * 2)]
+    how = NerTrainingConfig(kind="transformer", epochs=2)
+    outs = set()
+    for match in (True, False):
+        ex = ExtractionConfig(setting="unknown", ner_veto="t", ner_veto_training=how, ner_model="m",
+                              bar_tuning=BarTuningConfig(enabled=True, inner_folds=3, validation_folds=3,
+                                                         match_updates=match))  # fmt: skip
+        jobs = _bar_jobs(docs, ex, tmp_path, "m", "c", (0, 5))
+        assert len(jobs) == 3 and all(n.how.kind == "spacy" and n.how.epochs == ex.ner_training.epochs for n, _, _ in jobs)
+        for _, tagger, _ in jobs:  # each trained on 2 of 3 inner folds: 3 epochs where the fold's tagger has 2
+            assert tagger.how.epochs == (matched_epochs(2, len(docs), len(tagger.docs)) if match else 2)
+            assert tagger.how.epochs == (3 if match else 2)
+            assert tagger.out.name.startswith("c-fold1of5-inner")
+            outs.add(tagger.out)
+    assert len(outs) == 6  # the matched tagger is another model: its own cache directory
+
+
 def test_cache_keys_of_the_two_kinds() -> None:
     docs = _notes()
     spacy_a = ner_model_dir(Path("c"), docs, NerTrainingConfig(), "m", "n")
@@ -238,6 +300,11 @@ def test_cache_keys_of_the_two_kinds() -> None:
     assert ner_model_dir(Path("c"), docs, NerTrainingConfig(bf16=True), "m", "n") == spacy_a
     half = t.model_copy(update={"bf16": True})
     assert ner_model_dir(Path("c"), docs, half, "m", "n") != ner_model_dir(Path("c"), docs, t, "m", "n")
+    # the stall check: a transformer's key moves with it (a tagger kept by another check is another model), a spaCy
+    # NER's does not
+    assert ner_model_dir(Path("c"), docs, NerTrainingConfig(min_fit_recall=0.9, fit_retries=0), "m", "n") == spacy_a
+    lax = t.model_copy(update={"min_fit_recall": 0.0})
+    assert ner_model_dir(Path("c"), docs, lax, "m", "n") != ner_model_dir(Path("c"), docs, t, "m", "n")
     with pytest.raises(ValueError, match="stride"):
         NerTrainingConfig(kind="transformer", max_length=32, stride=30)
 
@@ -263,7 +330,8 @@ def test_the_report_scores_the_transformer_beside_the_spacy_ner(tmp_path, shared
                                    "extraction.ner_training.width=32", "extraction.ner_training.depth=1"])  # fmt: skip
     tf_cfg = load_config(None, [*common, f"extraction.ner_model={tmp_path / 'tf'}",
                                 "extraction.ner_training.kind=transformer", f"extraction.ner_training.encoder={tiny_encoder}",
-                                "extraction.ner_training.max_length=64", "extraction.ner_training.stride=8"])  # fmt: skip
+                                "extraction.ner_training.max_length=64", "extraction.ner_training.stride=8",
+                                "extraction.ner_training.min_fit_recall=0"])  # fmt: skip
     docs = load_corpus(spacy_cfg.corpus)[0]
     train_ner(docs, tmp_path / "spacy", epochs=1, width=32, depth=1, log=lambda m: None)
     train_transformer_ner(docs, tmp_path / "tf", tiny_encoder, epochs=1, max_length=64, stride=8, log=lambda m: None)
@@ -272,7 +340,7 @@ def test_the_report_scores_the_transformer_beside_the_spacy_ner(tmp_path, shared
     from ctrlgen.cli import main
 
     veto_how = {"kind": "transformer", "encoder": tiny_encoder, "epochs": 1, "max_length": 64, "stride": 8,
-                "augment_share": 0}  # fmt: skip
+                "augment_share": 0, "min_fit_recall": 0}  # fmt: skip
     veto_cfg = spacy_cfg.model_copy(update={"extraction": spacy_cfg.extraction.model_copy(
         update={"ner_veto": str(tmp_path / "tf"), "ner_veto_training": NerTrainingConfig(**veto_how)})})  # fmt: skip
     paths = []
@@ -415,7 +483,7 @@ def test_the_cross_validation_vetoes_each_fold_with_a_tagger_blind_to_its_patien
 
     notes = [dataclasses.replace(d, text=d.text + " Call 617-555-1234.") for d in _notes()]
     veto_how = NerTrainingConfig(kind="transformer", encoder=tiny_encoder, epochs=2, learning_rate=3e-3, batch_size=4,
-                                 max_length=64, stride=8, negatives=1.0)  # fmt: skip
+                                 max_length=64, stride=8, negatives=1.0, min_fit_recall=0)  # fmt: skip
     ex = ExtractionConfig(
         setting="unknown", recognizers=["SpacyRecognizer", "ClinicalPhoneRecognizer"], ner_model="unused",
         ner_training=NerTrainingConfig(epochs=1, folds=2, workers=1, width=32, depth=1),
@@ -463,8 +531,10 @@ def test_the_cross_validation_chooses_the_bars_on_notes_the_held_out_fold_plays_
 
     notes = [dataclasses.replace(d, text=d.text + " Call 617-555-1234.") for d in _notes()]
     veto_how = NerTrainingConfig(kind="transformer", encoder=tiny_encoder, epochs=2, learning_rate=3e-3, batch_size=4,
-                                 max_length=64, stride=8, negatives=1.0)  # fmt: skip
-    bars = BarTuningConfig(enabled=True, inner_folds=2, veto_bars=[1e-6, 1.0], union_bars=[0.0, 1.0], objective="f_beta")
+                                 max_length=64, stride=8, negatives=1.0, min_fit_recall=0)  # fmt: skip
+    # the inner taggers for the fold taggers' epochs: a 2-layer random BERT trained longer on 13 notes tags nothing
+    bars = BarTuningConfig(enabled=True, inner_folds=2, veto_bars=[1e-6, 1.0], union_bars=[0.0, 1.0], objective="f_beta",
+                           match_updates=False)  # fmt: skip
     ex = ExtractionConfig(
         setting="unknown", recognizers=["SpacyRecognizer", "ClinicalPhoneRecognizer"], ner_model="unused",
         ner_training=NerTrainingConfig(epochs=1, folds=2, workers=1, width=32, depth=1),
