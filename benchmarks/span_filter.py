@@ -304,7 +304,7 @@ def measure(
 
     from ctrlgen.config import PhysionetCorpusConfig, load_config
     from ctrlgen.corpora import load_corpus
-    from ctrlgen.extract.crossval import _fold_jobs, ner_model_dir, train_cached
+    from ctrlgen.extract.crossval import _fold_jobs, train_cached
     from ctrlgen.extract.presidio import PresidioExtractor
     from ctrlgen.extract.report import NER_CACHE, rules_digest
 
@@ -319,30 +319,13 @@ def measure(
     picked = list(range(len(outer))) if folds is None else [f - 1 for f in folds]
     if any(not 0 <= i < len(outer) for i in picked):
         raise SystemExit(f"--folds: folds are 1..{len(outer)}")
+    # inner_steps: each inner tagger takes as many optimizer steps as its outer one (crossval.matched_epochs)
     inner = {
-        i: _fold_jobs(
-            outer[i][0].docs,
-            ex.rule_tuning.inner_folds,
-            ex,
-            cache,
-            spacy_model,
-            "physionet-deid",
-            within=(i, how.folds),
-        )
+        i: _fold_jobs(outer[i][0].docs, ex.rule_tuning.inner_folds, ex, cache, spacy_model, "physionet-deid",
+                      within=(i, how.folds), match_notes=len(outer[i][0].docs) if inner_steps else None)
         for i in picked
-    }
-    inner_epochs: dict[str, list[int]] = {}
-    if inner_steps:  # each inner tagger takes as many optimizer steps as its outer one: epochs x its notes' shortfall
-        for i in picked:
-            n_outer = len(outer[i][0].docs)
-            scaled = []
-            for job, fold_patients, scored in inner[i]:
-                e = max(1, round(how.epochs * n_outer / len(job.docs)))
-                h = how.model_copy(update={"epochs": e})
-                out = ner_model_dir(cache, job.docs, h, spacy_model, job.out.name.rsplit("-", 1)[0])
-                scaled.append((dataclasses.replace(job, how=h, out=out), fold_patients, scored))
-            inner[i] = scaled
-            inner_epochs[str(i + 1)] = [job.how.epochs for job, _, _ in scaled]
+    }  # fmt: skip
+    inner_epochs = {str(i + 1): [job.how.epochs for job, _, _ in inner[i]] for i in picked} if inner_steps else {}
     t0 = time.perf_counter()
     train_cached([outer[i][0] for i in picked] + [j for i in picked for j, _, _ in inner[i]], how.workers)
     train_s = time.perf_counter() - t0

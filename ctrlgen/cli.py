@@ -485,7 +485,10 @@ def _ner_architecture(cfg: CtrlgenConfig) -> str:
         return (f"the {h.encoder} encoder fine-tuned as a BIO token classifier (windows of {h.max_length} word pieces "
                 f"overlapping by {h.stride}, learning rate {h.learning_rate:g}, batches of {h.batch_size} windows"
                 + (", word-shape embeddings added to the uncased pieces" if h.case_features else "")
-                + (", under bf16 autocast" if h.bf16 else "") + ")")  # fmt: skip
+                + (", under bf16 autocast" if h.bf16 else "")
+                + (f"; a training that finds under {h.min_fit_recall:.0%} of the gold spans of {h.fit_sample} of its "
+                   f"own training notes stalled and runs again from the next seed, up to {h.fit_retries} times"
+                   if h.min_fit_recall > 0 else "") + ")")  # fmt: skip
     if h.width is None:
         return f"{cfg.nlp.spacy_model}'s NER fine-tuned"
     return f"a fresh NER (tok2vec width {h.width}, depth {h.depth}) on {cfg.nlp.spacy_model}'s tokenizer"

@@ -86,6 +86,8 @@ def ner_model_dir(cache: Path, docs: Sequence[Document], how: NerTrainingConfig,
             skip.add("case_features")
         if not how.bf16:  # nor does a float32 training change its key
             skip.add("bf16")
+        if how.min_fit_recall == 0:  # nor one without the stall check (what was trained before it existed)
+            skip |= {"min_fit_recall", "fit_retries", "fit_sample"}
     key: list[Any] = [sorted(d.doc_id for d in docs), how.model_dump(exclude=skip), base_model]
     if how.kind == "spacy":  # a model trained on other kernels (BLIS's per-CPU choice) is not this one
         key.append(NUMERICS)

@@ -195,9 +195,14 @@ class NerTrainResult:
         return res
 
     def text(self) -> str:
+        fit = self.trained_on.get("fit")  # a transformer's stall check (transformer_ner.train_transformer_ner)
+        checked = "" if not fit else (
+            f"; fit check: {fit['attempts'][-1]['recall']:.1%} of {fit['spans']} gold spans of {fit['notes']} training "
+            f"notes found" + (f" (after {len(fit['attempts']) - 1} stalled training(s))" if len(fit["attempts"]) > 1 else "")
+        )  # fmt: skip
         return (
             f"NER trained on {self.documents} documents ({self.spans} spans), {self.epochs} epochs, seed {self.seed}, "
-            f"in {self.seconds:.0f} s; losses {', '.join(f'{x:.0f}' for x in self.losses)} -> {self.path} "
+            f"in {self.seconds:.0f} s; losses {', '.join(f'{x:.0f}' for x in self.losses)}{checked} -> {self.path} "
             f"(weights sha256 {self.weights_sha256[:16]})"
         )
 

@@ -51,6 +51,7 @@ __all__ = [
     "Window",
     "case_ids",
     "check_veto_model",
+    "fit_notes",
     "fit_recall",
     "load_pipeline",
     "span_p_outside",
@@ -496,7 +497,7 @@ def train_transformer_ner(
     if not pos:
         raise CtrlgenError("no training document has an entity to learn from")
     n_spans = sum(len(spans) for _, spans in gold)
-    checked = random.Random(seed).sample(pos, min(fit_sample, len(pos))) if min_fit_recall > 0 else []
+    checked = fit_notes(docs, fit_sample, seed) if min_fit_recall > 0 else []
     settings = dict(trained_on or {}, kind="transformer", encoder=encoder, learning_rate=learning_rate,
                     batch_size=batch_size, max_length=max_length, stride=stride, negatives=negatives,
                     augment_share=augment_share if surrogates else 0.0, case_features=case_features,
@@ -534,6 +535,12 @@ def train_transformer_ner(
         f"training notes (ner_training.min_fit_recall {min_fit_recall}); try another learning_rate or more epochs "
         f"(the attempts' losses: {out / META_FILE})"
     )
+
+
+def fit_notes(docs: Sequence[Document], n: int, seed: int) -> list[Document]:
+    """The stall check's notes: ``n`` of ``docs`` with spans (all of them when fewer), drawn by ``seed``."""
+    pos = [d for d in docs if _gold_spans(d)]
+    return random.Random(seed).sample(pos, min(n, len(pos)))
 
 
 def fit_recall(tagger: Callable[[list[str]], list[list[tuple[int, int, str, float]]]], docs: Sequence[Document],

@@ -3,6 +3,7 @@ spans back to characters, training (a tiny random BERT on the MiniLM tokenizer) 
 Presidio engine as the NER of ``extraction.ner_model``."""
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -245,6 +246,7 @@ def test_a_stalled_training_runs_again_from_the_next_seed_and_fails_clearly_if_i
     assert calls == [5, 5] and [a["seed"] for a in fit["attempts"]] == [0, 1] and res.seed == 1
     assert fit["attempts"][0]["recall"] == 0 and fit["attempts"][1]["recall"] >= 0.9 and fit["spans"] == 5
     assert any("stalled; again with seed 1" in m for m in said)
+    assert "of 5 training notes found (after 1 stalled training(s))" in res.text() and "seed 1" in res.text()
     # what was kept is the training from seed 1, as trained without the check
     monkeypatch.setattr(transformer_ner, "fit_recall", real)
     plain = train_transformer_ner(_notes(), tmp_path / "b", tiny_encoder, seed=1, **kw)
@@ -305,6 +307,12 @@ def test_cache_keys_of_the_two_kinds() -> None:
     assert ner_model_dir(Path("c"), docs, NerTrainingConfig(min_fit_recall=0.9, fit_retries=0), "m", "n") == spacy_a
     lax = t.model_copy(update={"min_fit_recall": 0.0})
     assert ner_model_dir(Path("c"), docs, lax, "m", "n") != ner_model_dir(Path("c"), docs, t, "m", "n")
+    # without the check, the key it had before the check existed (and the retry settings do not matter)
+    unchecked = ner_model_dir(Path("c"), docs, lax.model_copy(update={"fit_retries": 5}), "m", "n")
+    assert unchecked == ner_model_dir(Path("c"), docs, lax, "m", "n")
+    before = [sorted(d.doc_id for d in docs), t.model_dump(exclude={"folds", "workers", "data", "dropout", "width",
+              "depth", "average_params", "case_features", "bf16", "min_fit_recall", "fit_retries", "fit_sample"}), "m"]
+    assert unchecked.name == "n-" + hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:12]
     with pytest.raises(ValueError, match="stride"):
         NerTrainingConfig(kind="transformer", max_length=32, stride=30)
 

@@ -1,0 +1,165 @@
+"""The transformer tagger's stall check (``ner_training.min_fit_recall``) and the inner taggers' training length
+(``bar_tuning.match_updates``), on the tagger that chose outer fold 1's bars in docs/extraction_veto.md.
+
+That page's run chose each outer fold's veto bars with an inner tagger trained on 2 of 3 inner patient folds of the
+training fold, for the fold tagger's 4 epochs. Fold 1's inner tagger ended with losses 305, 80, 78, 75 where the
+others reached 14-22. This benchmark takes the same tagger job (``ctrlgen extract-report``'s cache keys, so cached
+models are reused) in three trainings, each through ``crossval.train_cached`` (the product's path):
+
+1. **as that run trained it**: 4 epochs, seed 0, no stall check (``min_fit_recall`` 0, ``match_updates`` off);
+2. **the check's retry**: the same from seed 1, which is what the check trains after a stall at seed 0 (its second
+   attempt is the seed-1 training, byte for byte: tests/unit/test_transformer_ner.py);
+3. **as extract-report trains it now**: the epochs matched to the fold tagger's updates (``matched_epochs``), seed
+   0, the check on (it retrains from the next seed if this one stalls; the attempts are in the metadata).
+
+Each tagger then tags (argmax) the check's 64 training notes (``fit_notes``, seed 0 for all three) and the inner
+held-out notes that choose the bars; a gold span is found when a predicted span overlaps it. Writes
+docs/benchmarks/ner_stall.json and the section "Entity extraction: the transformer tagger's stall check" of
+docs/benchmarks.md; ``--render`` rewrites the section from the JSON alone. No note text is written.
+
+    .venv/bin/python benchmarks/ner_stall.py            # ~35 min on 2 cores (two uncached trainings)
+    .venv/bin/python benchmarks/ner_stall.py --render
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+from _report import cpu_name, publish  # noqa: E402
+from ner_threshold import PHYSIONET, provenance  # noqa: E402
+
+CONFIG = "configs/extract_physionet_veto.yaml"
+JSON = ROOT / "docs" / "benchmarks" / "ner_stall.json"
+TITLE = "Entity extraction: the transformer tagger's stall check"
+VETO_BARS = (0.99, 0.999)  # the bars fold 1's veto was chosen from in docs/extraction_veto.md's run
+#: (name, overrides of the config): the three trainings of the module's docstring
+CASES: list[tuple[str, list[str]]] = [
+    ("the fold tagger's epochs, seed 0, no check (docs/extraction_veto.md's run)",
+     ["extraction.bar_tuning.match_updates=false", "extraction.ner_veto_training.min_fit_recall=0"]),
+    ("the fold tagger's epochs, seed 1, no check (the check's retry)",
+     ["extraction.bar_tuning.match_updates=false", "extraction.ner_veto_training.min_fit_recall=0",
+      "extraction.ner_veto_training.seed=1"]),
+    ("matched updates, seed 0, the check on (extract-report now)", []),
+]  # fmt: skip
+
+
+def _found(tagger: Any, docs: Sequence[Any]) -> dict[str, int]:
+    """Gold spans of ``docs`` a span of ``tagger`` overlaps, the gold spans, the spans it predicts, and the gold spans
+    it would veto (P(O) >= the bar on every piece: ``span_p_outside``) at each bar of :data:`VETO_BARS`."""
+    from ctrlgen.extract.transformer_ner import _gold_spans, span_p_outside
+
+    c = {"found": 0, "gold": 0, "predicted": 0, **{f"vetoed_{b:g}": 0 for b in VETO_BARS}}
+    for b in range(0, len(docs), 16):
+        part = docs[b : b + 16]
+        pieces = tagger.piece_logprobs([x.text for x in part])
+        for d, p in zip(part, pieces, strict=True):
+            pred = tagger.decode(d.text, p)
+            spans = _gold_spans(d)
+            c["gold"] += len(spans)
+            c["predicted"] += len(pred)
+            c["found"] += sum(any(s < pe and ps < e for ps, pe, _, _ in pred) for s, e, _ in spans)
+            for s, e, _ in spans:
+                po = span_p_outside(p, s, e)
+                for bar in VETO_BARS:
+                    c[f"vetoed_{bar:g}"] += po is not None and po >= bar
+    return c
+
+
+def measure(config: str, fold: int) -> dict[str, Any]:
+    from ctrlgen.config import PhysionetCorpusConfig, load_config
+    from ctrlgen.corpora import load_corpus
+    from ctrlgen.extract.crossval import _bar_jobs, _fold_jobs, train_cached
+    from ctrlgen.extract.ner import META_FILE
+    from ctrlgen.extract.report import NER_CACHE
+    from ctrlgen.extract.transformer_ner import TransformerTagger, fit_notes
+
+    docs = load_corpus(PhysionetCorpusConfig(path=str(PHYSIONET), identifiers="direct+quasi"))[0]
+    rows = []
+    for name, overrides in CASES:
+        cfg = load_config(str(ROOT / config), overrides)
+        ex = cfg.extraction.model_copy(update={"setting": "unknown"})
+        k = ex.ner_training.folds
+        outer = _fold_jobs(docs, k, ex, ROOT / NER_CACHE, cfg.nlp.spacy_model, "physionet-deid")[fold - 1][0]
+        _, job, validation = _bar_jobs(outer.docs, ex, ROOT / NER_CACHE, cfg.nlp.spacy_model, "physionet-deid",
+                                       (fold - 1, k))[0]  # fmt: skip
+        cached = (job.out / META_FILE).is_file()
+        t0 = time.perf_counter()
+        print(f"[ner_stall] {name}: {'cached' if cached else 'training'} {job.out.name}", file=sys.stderr, flush=True)
+        train_cached([job], 1)
+        seconds = time.perf_counter() - t0
+        meta = json.loads((job.out / META_FILE).read_text())
+        tagger = TransformerTagger(job.out, device="cpu")
+        rows.append({
+            "name": name, "overrides": overrides, "model": job.out.name, "cached": cached,
+            "train_seconds": None if cached else round(seconds, 1), "outer_notes": len(outer.docs),
+            "train_notes": len(job.docs), "epochs": meta["epochs"], "updates": meta["trained_on"]["updates"],
+            "seed": meta["seed"], "losses": [round(x, 1) for x in meta["losses"]],
+            "fit": meta["trained_on"].get("fit"), "cpu": meta.get("cpu", ""),
+            "training_notes": _found(tagger, fit_notes(job.docs, 64, 0)),
+            "validation_notes": {**_found(tagger, validation), "notes": len(validation)},
+        })  # fmt: skip
+    return {**provenance("ner_stall.py", []), "config": config, "fold": fold, "machine": cpu_name(isa=True),
+            "cases": rows}  # fmt: skip
+
+
+def _pct(c: dict[str, int]) -> str:
+    return f"{100 * c['found'] / c['gold']:.1f}% ({c['found']}/{c['gold']})" if c["gold"] else "-"
+
+
+def report(r: dict[str, Any]) -> str:
+    bars = [k.removeprefix("vetoed_") for k in r["cases"][0]["validation_notes"] if k.startswith("vetoed_")]
+    rows = [
+        "| training | epochs | updates | seed kept | losses by epoch | the check's attempts | training notes: gold "
+        "spans found | spans predicted | validation notes: gold spans found | spans predicted | "
+        + " | ".join(f"gold spans it would veto at {b}" for b in bars) + " |",
+        "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(bars),
+    ]
+    for c in r["cases"]:
+        fit, v = c["fit"], c["validation_notes"]
+        attempts = "not run" if not fit else "; ".join(
+            f"seed {a['seed']}: {100 * a['recall']:.1f}%" for a in fit["attempts"]
+        )  # fmt: skip
+        rows.append(
+            f"| {c['name']} | {c['epochs']} | {c['updates']} | {c['seed']} | {', '.join(f'{x:g}' for x in c['losses'])}"
+            f" | {attempts} | {_pct(c['training_notes'])} | {c['training_notes']['predicted']} | {_pct(v)} | "
+            f"{v['predicted']} | " + " | ".join(f"{v['vetoed_' + b]}/{v['gold']}" for b in bars) + " |"
+        )
+    first = r["cases"][0]
+    trained = [c for c in r["cases"] if c["train_seconds"] is not None]
+    return (
+        f"Command: `{r['command']}` (`--render` rewrites this section from docs/benchmarks/{JSON.name}). Machine: "
+        f"{r['machine']}. The veto tagger (`{r['config']}`'s `ner_veto_training`) that chooses outer fold "
+        f"{r['fold']}'s bars in `ctrlgen extract-report`'s CV (`extraction.bar_tuning`): trained on "
+        f"{first['train_notes']} of the fold's {first['outer_notes']} training notes (2 of 3 inner patient folds), "
+        f"scored on the other inner fold's {first['validation_notes']['notes']} notes (the validation notes that "
+        "choose the bars) and on the stall check's 64 training notes (`fit_notes`, seed 0). Argmax decoding; a gold "
+        "span is found when a predicted span overlaps it, and would be vetoed at a bar when the tagger gives P(O) >= "
+        "the bar on every word piece of it (`span_p_outside`). Each training runs through `crossval.train_cached` "
+        "under extract-report's cache keys"
+        + (f" ({', '.join(str(round(c['train_seconds'])) + ' s' for c in trained)} for the uncached ones)"
+           if trained else "")
+        + ". The stall check (`ner_training.min_fit_recall`, 0.5 by default) reads the training notes' first "
+        "column on every transformer training and trains again from the next seed when it is under the bar.\n\n"
+        + "\n".join(rows) + "\n"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--render", action="store_true", help="rewrite the section from the saved JSON")
+    args = ap.parse_args()
+    publish(TITLE, JSON, report, None if args.render else measure(CONFIG, 1))
+
+
+if __name__ == "__main__":
+    main()
