@@ -126,8 +126,9 @@ def report(r: dict[str, Any]) -> str:
     ]
     for c in r["cases"]:
         fit, v = c["fit"], c["validation_notes"]
-        attempts = "not run" if not fit else "; ".join(
-            f"seed {a['seed']}: {100 * a['recall']:.1f}%" for a in fit["attempts"]
+        attempts = "not run" if not fit else "; ".join(  # (found: the recall's count, from its 4 decimals)
+            f"seed {a['seed']}: {_pct({'found': a.get('found', round(a['recall'] * fit['spans'])), 'gold': fit['spans']})}"
+            for a in fit["attempts"]
         )  # fmt: skip
         rows.append(
             f"| {c['name']} | {c['epochs']} | {c['updates']} | {c['seed']} | {', '.join(f'{x:g}' for x in c['losses'])}"

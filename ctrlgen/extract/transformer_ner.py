@@ -518,7 +518,8 @@ def train_transformer_ner(
         if not checked:
             return res
         found, total = fit_recall(TransformerTagger(out, device="cpu"), checked)
-        attempts.append({"seed": s, "recall": round(found / total, 4), "losses": [round(x, 2) for x in losses]})
+        attempts.append({"seed": s, "found": found, "recall": round(found / total, 4),
+                         "losses": [round(x, 2) for x in losses]})  # fmt: skip
         fit = {"min_recall": min_fit_recall, "notes": len(checked), "spans": total, "attempts": attempts}
         res = NerTrainResult.write(out, len(docs), n_spans, epochs, s, time.perf_counter() - t0, losses,
                                    dict(info, fit=fit))  # fmt: skip
