@@ -65,7 +65,7 @@ CASES: list[tuple[str, list[str]]] = [
 def _found(tagger: Any, docs: Sequence[Any]) -> dict[str, int]:
     """Gold spans of ``docs`` a span of ``tagger`` overlaps, the gold spans, the spans it predicts, and the gold spans
     it would veto (P(O) >= the bar on every piece: ``span_p_outside``) at each bar of :data:`VETO_BARS`."""
-    from ctrlgen.extract.transformer_ner import _gold_spans, span_p_outside
+    from ctrlgen.extract.transformer_ner import _gold_spans, overlapped, span_p_outside
 
     c = {"found": 0, "gold": 0, "predicted": 0, **{f"vetoed_{b:g}": 0 for b in VETO_BARS}}
     for b in range(0, len(docs), 16):
@@ -76,7 +76,7 @@ def _found(tagger: Any, docs: Sequence[Any]) -> dict[str, int]:
             spans = _gold_spans(d)
             c["gold"] += len(spans)
             c["predicted"] += len(pred)
-            c["found"] += sum(any(s < pe and ps < e for ps, pe, _, _ in pred) for s, e, _ in spans)
+            c["found"] += overlapped(spans, pred)
             for s, e, _ in spans:
                 po = span_p_outside(p, s, e)
                 for bar in VETO_BARS:

@@ -75,6 +75,9 @@ CASES: tuple[str, ...] = ("special", "lower", "title", "upper", "capital", "digi
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 #: The case embedding of a tagger trained with ``case_features`` (safetensors, one tensor ``weight``)
 CASE_FILE = "ctrlgen_case_embedding.safetensors"
+#: a training whose every attempt stalled (``min_fit_recall``): its attempts, written where a finished training's
+#: metadata (META_FILE, which marks a model as trained) would be
+STALLED_FILE = "ctrlgen_ner_stalled.json"
 
 
 @dataclass(frozen=True)
@@ -305,6 +308,7 @@ class TransformerTagger:
         device: str | None = None,
         o_threshold: float | None = None,
         dtype: str = "float32",
+        window: tuple[int, int] | None = None,
     ) -> None:
         from ctrlgen.assets import offline_env
 
@@ -317,9 +321,10 @@ class TransformerTagger:
         import torch
         from transformers import AutoModelForTokenClassification, AutoTokenizer
 
-        meta = json.loads((Path(path) / META_FILE).read_text())
-        self.max_length = int(meta["trained_on"]["max_length"])
-        self.stride = int(meta["trained_on"]["stride"])
+        if window is None:  # as trained (``window``: a tagger whose metadata is not written yet, its training's)
+            meta = json.loads((Path(path) / META_FILE).read_text())
+            window = int(meta["trained_on"]["max_length"]), int(meta["trained_on"]["stride"])
+        self.max_length, self.stride = window
         self.batch_size = batch_size
         #: None: each piece takes its most probable tag. A number: a piece whose probability of ``O`` is below it
         #: takes its most probable other tag (recall for precision: 0.5 and below keep more spans)
@@ -503,6 +508,10 @@ def train_transformer_ner(
                     augment_share=augment_share if surrogates else 0.0, case_features=case_features,
                     bf16_autocast=bf16)  # fmt: skip
     out = Path(out_dir)
+    # the metadata marks a finished (and checked) training, which crossval.train_cached takes as cached: none is
+    # left from an earlier training of this directory, and none is written before the check passes
+    (out / META_FILE).unlink(missing_ok=True)
+    (out / STALLED_FILE).unlink(missing_ok=True)
     attempts: list[dict[str, Any]] = []
     for attempt in range(fit_retries + 1 if checked else 1):
         s = seed + attempt
@@ -514,27 +523,27 @@ def train_transformer_ner(
         info = dict(settings, updates=updates, torch_threads=torch.get_num_threads(),
                     architecture=f"{model.config.model_type} token classifier, {model.config.num_hidden_layers} "
                                  f"layers, hidden {model.config.hidden_size}")  # fmt: skip
-        res = NerTrainResult.write(out, len(docs), n_spans, epochs, s, time.perf_counter() - t0, losses, info)
         if not checked:
-            return res
-        found, total = fit_recall(TransformerTagger(out, device="cpu"), checked)
+            return NerTrainResult.write(out, len(docs), n_spans, epochs, s, time.perf_counter() - t0, losses, info)
+        found, total = fit_recall(TransformerTagger(out, device="cpu", window=(max_length, stride)), checked)
         attempts.append({"seed": s, "found": found, "recall": round(found / total, 4),
                          "losses": [round(x, 2) for x in losses]})  # fmt: skip
         fit = {"min_recall": min_fit_recall, "notes": len(checked), "spans": total, "attempts": attempts}
-        res = NerTrainResult.write(out, len(docs), n_spans, epochs, s, time.perf_counter() - t0, losses,
-                                   dict(info, fit=fit))  # fmt: skip
         if found / total >= min_fit_recall:
             say(f"fit check: {found}/{total} gold spans of {len(checked)} training notes found "
                 f"({found / total:.1%} >= {min_fit_recall:.0%}), seed {s}")  # fmt: skip
-            return res
+            return NerTrainResult.write(out, len(docs), n_spans, epochs, s, time.perf_counter() - t0, losses,
+                                        dict(info, fit=fit))  # fmt: skip
         say(f"fit check: {found}/{total} gold spans of {len(checked)} training notes found ({found / total:.1%} < "
             f"{min_fit_recall:.0%}): the training with seed {s} stalled"
             + (f"; again with seed {s + 1}" if attempt < fit_retries else ""))  # fmt: skip
+    # the attempts (seeds, counts, losses; no note text) beside the weights, under a name nothing takes for a model
+    (out / STALLED_FILE).write_text(json.dumps({"fit": fit}, indent=2) + "\n", encoding="utf-8")
     raise CtrlgenError(
         f"the transformer NER's training stalled {len(attempts)} time(s) (seeds {seed}-{seed + len(attempts) - 1}): "
         f"it found at most {max(a['recall'] for a in attempts):.1%} of the gold spans of {len(checked)} of its own "
         f"training notes (ner_training.min_fit_recall {min_fit_recall}); try another learning_rate or more epochs "
-        f"(the attempts' losses: {out / META_FILE})"
+        f"(the attempts' losses: {out / STALLED_FILE})"
     )
 
 
@@ -554,8 +563,13 @@ def fit_recall(tagger: Callable[[list[str]], list[list[tuple[int, int, str, floa
         for d, pred in zip(part, tagger([x.text for x in part]), strict=True):
             spans = _gold_spans(d)
             total += len(spans)
-            found += sum(any(s < pe and ps < e for ps, pe, _, _ in pred) for s, e, _ in spans)
+            found += overlapped(spans, pred)
     return found, total
+
+
+def overlapped(gold: Sequence[tuple[int, int, str]], pred: Sequence[tuple[int, int, str, float]]) -> int:
+    """How many of the ``gold`` spans (start, end, label) a ``pred`` span (start, end, label, score) overlaps."""
+    return sum(any(s < pe and ps < e for ps, pe, _, _ in pred) for s, e, _ in gold)
 
 
 def _fit(

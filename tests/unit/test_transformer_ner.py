@@ -18,6 +18,7 @@ from ctrlgen.extract.transformer_ner import (
     BIO,
     CASE_FILE,
     CASES,
+    STALLED_FILE,
     TransformerTagger,
     case_ids,
     spans_from_tags,
@@ -233,6 +234,8 @@ def test_a_stalled_training_runs_again_from_the_next_seed_and_fails_clearly_if_i
 
     def stalled_first(tagger, docs):
         calls.append(len(docs))
+        # nothing marks the directory trained (crossval.train_cached's cache) before the check has passed
+        assert not (tmp_path / "a" / META_FILE).exists()
         found, total = real(tagger, docs)
         return (0 if len(calls) == 1 else found), total
 
@@ -256,9 +259,13 @@ def test_a_stalled_training_runs_again_from_the_next_seed_and_fails_clearly_if_i
     with pytest.raises(CtrlgenError, match=r"stalled 2 time\(s\) \(seeds 0-1\).*min_fit_recall 0.5") as err:
         train_transformer_ner(_notes(), tmp_path / "c", tiny_encoder, seed=0, min_fit_recall=0.5, fit_retries=1,
                               **{**kw, "epochs": 1})  # fmt: skip
-    assert not any(d.text[:20] in str(err.value) for d in _notes())
-    attempts = json.loads((tmp_path / "c" / META_FILE).read_text())["trained_on"]["fit"]["attempts"]
+    assert not any(d.text[:20] in str(err.value) for d in _notes()) and STALLED_FILE in str(err.value)
+    assert not (tmp_path / "c" / META_FILE).exists()  # not a model: train_cached would take it for one
+    attempts = json.loads((tmp_path / "c" / STALLED_FILE).read_text())["fit"]["attempts"]
     assert [a["seed"] for a in attempts] == [0, 1]
+    # trained again into the same directory, the stalled record goes and the metadata marks the finished training
+    train_transformer_ner(_notes(), tmp_path / "c", tiny_encoder, seed=1, **{**kw, "epochs": 1})
+    assert (tmp_path / "c" / META_FILE).is_file() and not (tmp_path / "c" / STALLED_FILE).exists()
 
 
 def test_the_inner_taggers_train_for_about_the_updates_of_the_fold_tagger(tmp_path) -> None:
