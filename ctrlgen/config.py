@@ -287,7 +287,9 @@ class NerTrainingConfig(_Model):
         description="kind transformer: after training, the tagger must find (overlap) at least this share of the "
         "gold spans of `fit_sample` of its own training notes; below it the training stalled (it tags nearly "
         "everything outside, whatever the loss says) and runs again from the next seed, up to `fit_retries` more "
-        "times, then stops with a clear error. The attempts are recorded in the model's metadata. 0: no check.",
+        "times, then stops with a clear error. The attempts are recorded in the model's metadata, written once the "
+        "check passes (when every attempt stalls: in ctrlgen_ner_stalled.json, and the directory is no model). "
+        "0: no check.",
     )
     fit_retries: int = Field(2, ge=0, le=10, description="kind transformer: trainings from the next seeds after a stall.")
     fit_sample: int = Field(

@@ -477,8 +477,9 @@ def train_transformer_ner(
     ``min_fit_recall`` (0: no check): the saved tagger must find (overlap) at least this share of the gold spans
     of ``fit_sample`` of its own training notes with spans (seeded, as written, without surrogates). A training
     that ends below it stalled (it tags nearly everything outside, whatever the loss says) and runs again from
-    the next seed (``seed + 1``, ...), up to ``fit_retries`` more times; the metadata records every attempt
-    (``trained_on.fit``).
+    the next seed (``seed + 1``, ...), up to ``fit_retries`` more times; the metadata, written once the check has
+    passed (it marks the directory a trained model: ``crossval.train_cached``), records every attempt
+    (``trained_on.fit``). When every attempt stalls, they go to :data:`STALLED_FILE` and no metadata is written.
 
     Raises:
         CtrlgenError: no training document has an entity; or every attempt ended under ``min_fit_recall``.
