@@ -246,7 +246,12 @@ def test_dp_sgd_adds_one_noise_draw_per_logical_batch_on_one_or_two_workers(trai
     out = HFEngine(load_prefix_model(base, str(lora / "adapter")), tok, SamplingConfig(max_new_tokens=4)).generate(
         [GenerationRequest("Control code:\nPERSON: Ann Lee\nDocument:\n", seed=1)] * 2
     )
-    assert all(r.error is None and r.new_tokens == 4 for r in out)
+    # The adapter's weights come from OS-entropy noise, so what it samples differs run to run: a row may end
+    # early on the tiny tokenizer's </s> or <pad>, but it ends for a stated reason, and one seed gives one row.
+    for r in out:
+        assert r.error is None and 0 <= r.new_tokens <= 4, r
+        assert (r.new_tokens == 4) == (r.finish == "length") and r.finish in ("length", "eos", "stop"), r
+    assert out[0].token_ids == out[1].token_ids and out[0].text == out[1].text
 
 
 def test_dp_sgd_per_patient_draws_secret_noise_and_stamps_reproducible_runs(trained, tmp_path, shared, capsys):
