@@ -25,7 +25,7 @@ ORDER: list[tuple[str, list[str]]] = [
                     "Entity extraction: a learned span filter after the transformer engine",
                     "Entity extraction: the transformer span filter, inner taggers trained for the outer tagger's steps",
                     "Entity extraction: the transformer tagger's stall check",
-                    "Entity extraction: the veto tagger's training length and a two-tagger ensemble",
+                    "Entity extraction: the veto tagger's training (length, seed, surrogates) and two-tagger ensembles",
                     "Entity extraction: the spaCy NER's capacity and training",
                     "Entity extraction: the spaCy NER decoded by beam search",
                     "Entity extraction: names and places spread over a patient's notes",
