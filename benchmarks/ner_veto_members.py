@@ -32,7 +32,7 @@ the second pass's NER (``TransformerTagger.primed``), which decodes them as its 
 Writes docs/benchmarks/ner_veto_members.json and the section "Entity extraction: the veto tagger's training length
 and a two-tagger ensemble" of docs/benchmarks.md; ``--render`` rewrites the section from the JSON alone.
 
-    .venv/bin/python benchmarks/ner_veto_members.py            # ~5 min with every tagger cached
+    .venv/bin/python benchmarks/ner_veto_members.py            # ~7 min with every tagger cached
     .venv/bin/python benchmarks/ner_veto_members.py --render
 """
 
