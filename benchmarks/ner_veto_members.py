@@ -29,8 +29,9 @@ config's, frozen (no in-fold selection), and the bars the config's (veto 0.999, 
 once per fold, the taggers' word pieces are computed once each, and each variant's pieces are fed to the veto and to
 the second pass's NER (``TransformerTagger.primed``), which decodes them as its own.
 
-Writes docs/benchmarks/ner_veto_members.json and the section "Entity extraction: the veto tagger's training length
-and a two-tagger ensemble" of docs/benchmarks.md; ``--render`` rewrites the section from the JSON alone.
+Writes docs/benchmarks/ner_veto_members.json and the section ``TITLE`` ("Entity extraction: the veto tagger's
+training (length, seed, surrogates) and two-tagger ensembles") of docs/benchmarks.md; ``--render`` rewrites the
+section from the JSON alone.
 
     .venv/bin/python benchmarks/ner_veto_members.py            # ~7 min with every tagger cached
     .venv/bin/python benchmarks/ner_veto_members.py --render
