@@ -116,7 +116,7 @@ def score_fold(pe: Any, held: Sequence[Any], taggers: dict[str, Any], veto: floa
     out = {}
     for name, pieces in variants.items():
         with second_ner.primed(texts, pieces):
-            second, same = pe.veto_inputs(texts)
+            second, same = pe.veto_inputs(texts, engine)
         assert second is not None and all(x is y for x, y in zip(same, pieces, strict=True))
         out[name] = {
             "veto": _counts(held, [veto_spans(e, p, veto) for e, p in zip(engine, pieces, strict=True)]),

@@ -462,6 +462,15 @@ class ExtractionConfig(_Model):
         "alone's 97.2 / 91.0 (docs/benchmarks.md, the transformer tagger as a veto: a third try on the same held-out "
         "notes).",
     )
+    ner_veto_context: int | None = Field(
+        None,
+        ge=0,
+        description="With ner_veto: the tagger reads only the word pieces of the engine's spans and this many pieces "
+        "each side (the windows of nearby spans merged), not whole notes: the veto's cost follows the spans, not the "
+        "text, and a note without spans costs none. Its P(O) is then read with less context than the whole-note "
+        "veto's, so its decisions differ (docs/benchmarks.md, the veto on its spans' neighbourhoods). None: whole "
+        "notes. Not with ner_union_p_outside (the second pass reads whole notes).",
+    )
     ner_veto_training: NerTrainingConfig | None = Field(
         None,
         description="How ner_veto's tagger was trained (kind transformer; e.g. configs/extract_physionet_transformer.yaml's "
@@ -539,6 +548,13 @@ class ExtractionConfig(_Model):
         if self.ner_union_p_outside is not None and not self.ner_veto:
             raise ValueError(
                 "extraction.ner_union_p_outside needs extraction.ner_veto: the veto's tagger is the second pass's NER"
+            )
+        if self.ner_veto_context is not None and not self.ner_veto:
+            raise ValueError("extraction.ner_veto_context needs extraction.ner_veto: it is how far the veto's tagger reads")
+        if self.ner_veto_context is not None and self.ner_union_p_outside is not None:
+            raise ValueError(
+                "extraction.ner_veto_context and extraction.ner_union_p_outside: the second pass finds spans in whole "
+                "notes, so its tagger reads them whole; set one of the two"
             )
         if self.ner_veto_training is not None and self.ner_veto_training.kind != "transformer":
             raise ValueError("extraction.ner_veto_training.kind must be transformer: the veto is a transformer tagger")

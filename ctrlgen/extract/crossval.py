@@ -356,8 +356,9 @@ def choose_bars(
         )
         for b in range(0, len(scored), cfg.batch_size):  # the job's batches
             texts = [d.text for d in scored[b : b + cfg.batch_size]]
-            first.extend(ext.engine_spans(texts))
-            more, p = ext.veto_inputs(texts)
+            engine = ext.engine_spans(texts)
+            first.extend(engine)
+            more, p = ext.veto_inputs(texts, engine)
             pieces.extend(p)
             if second is not None and more is not None:
                 second.extend(more)

@@ -699,7 +699,7 @@ class PresidioExtractor:
         if self._veto is not None and texts:  # the tagger's doubt, after every rule (extraction.ner_veto)
             from ctrlgen.extract.transformer_ner import union_spans, veto_spans
 
-            second, pieces = self.veto_inputs(texts)
+            second, pieces = self.veto_inputs(texts, out)
             bar = self.cfg.ner_veto_p_outside
             if second is None:
                 out = [veto_spans(ents, p, bar) for ents, p in zip(out, pieces, strict=True)]
@@ -724,13 +724,19 @@ class PresidioExtractor:
             out.append(self.finish(text, results))
         return out
 
-    def veto_inputs(self, texts: Sequence[str]) -> tuple[list[list[Entity]] | None, list[Any]]:
-        """What the veto (``extraction.ner_veto``) judges ``texts``' spans by: the second pass's entities (None
-        without ``ner_union_p_outside``) and the tagger's word pieces (:meth:`TransformerTagger.piece_logprobs`).
+    def veto_inputs(
+        self, texts: Sequence[str], engine: Sequence[Sequence[Entity]]
+    ) -> tuple[list[list[Entity]] | None, list[Any]]:
+        """What the veto (``extraction.ner_veto``) judges ``texts``' spans (``engine``: :meth:`engine_spans`) by: the
+        second pass's entities (None without ``ner_union_p_outside``) and the tagger's word pieces
+        (:meth:`TransformerTagger.piece_logprobs`; with ``ner_veto_context``, those around ``engine``'s spans only).
         Each bar then gates them alone (:func:`~ctrlgen.extract.transformer_ner.union_spans`): what the in-fold
         choice of the bars scores (:func:`~ctrlgen.extract.rules.select_bars`)."""
         if self._veto is None:
             raise ValueError("veto_inputs needs extraction.ner_veto")
+        if self.cfg.ner_veto_context is not None:
+            spans = [[(e.start, e.end) for e in ents] for ents in engine]
+            return None, self._veto.span_logprobs(list(texts), spans, self.cfg.ner_veto_context)
         pieces = self._veto.piece_logprobs(list(texts))
         if self._union is None:
             return None, pieces

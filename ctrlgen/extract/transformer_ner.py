@@ -111,6 +111,52 @@ def windows(tokenizer: Any, texts: Sequence[str], max_length: int, stride: int) 
     ]
 
 
+def span_windows(
+    tokenizer: Any, texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]], context: int, max_length: int,
+    stride: int,
+) -> list[Window]:  # fmt: skip
+    """Windows of word pieces around each text's ``spans`` (character offsets) only: a span's pieces and ``context``
+    pieces each side, windows that overlap or touch merged, one longer than ``max_length`` (special tokens included)
+    cut as :func:`windows` cuts a note (overlapping by ``stride``). A text without spans has no window
+    (``extraction.ner_veto_context``: the veto reads its spans' neighbourhoods, not whole notes)."""
+    if context < 0:
+        raise ValueError(f"context must be >= 0, got {context}")
+    todo = [i for i, s in enumerate(spans) if s]
+    if not todo:
+        return []
+    enc = tokenizer([texts[i] for i in todo], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    probe = tokenizer("a", add_special_tokens=True, return_offsets_mapping=True)  # where a text's pieces go
+    at = next(k for k, (a, b) in enumerate(probe["offset_mapping"]) if a != b)
+    head, tail = list(probe["input_ids"][:at]), list(probe["input_ids"][at + 1 :])  # e.g. [CLS] and [SEP]
+    room = max_length - len(head) - len(tail)
+    step = max(1, room - stride)
+    out = []
+    for i, ids, offs in zip(todo, enc["input_ids"], enc["offset_mapping"], strict=True):
+        ends = [int(b) for _, b in offs]
+        regions: list[list[int]] = []
+        for start, end in sorted(spans[i]):
+            lo = bisect.bisect_right(ends, start)  # the first piece ending after the span starts
+            hi = lo
+            while hi < len(offs) and offs[hi][0] < end:
+                hi += 1
+            if hi == lo:  # no piece overlaps the span (only spaces): nothing to read
+                continue
+            a, b = max(0, lo - context), min(len(ids), hi + context)
+            if regions and a <= regions[-1][1]:
+                regions[-1][1] = max(regions[-1][1], b)
+            else:
+                regions.append([a, b])
+        for a, b in regions:
+            for c in range(a, b, step):
+                d = min(b, c + room)
+                body = [(int(x), int(y)) for x, y in offs[c:d]]
+                offsets = [(0, 0)] * len(head) + body + [(0, 0)] * len(tail)
+                out.append(Window(i, head + list(ids[c:d]) + tail, offsets))
+                if d == b:
+                    break
+    return out
+
+
 def case_ids(text: str, offsets: Sequence[tuple[int, int]]) -> list[int]:
     """Each piece's :data:`CASES` index: the shape of the whole word it is part of, in ``text`` as written.
 
@@ -371,10 +417,23 @@ class TransformerTagger:
             return [self._primed[t] if t in self._primed else done[t] for t in texts]
         return self._compute(texts)
 
-    def _compute(self, texts: Sequence[str]) -> list[tuple[list[tuple[int, int]], Any] | None]:
+    def span_logprobs(
+        self, texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]], context: int
+    ) -> list[tuple[list[tuple[int, int]], Any] | None]:
+        """:meth:`piece_logprobs` of the word pieces around ``spans`` only (:func:`span_windows`: each span's pieces
+        and ``context`` pieces each side): what :func:`veto_spans` needs of those spans, for a fraction of the encoder's
+        work on whole notes. A piece's log-probabilities are read with ``context`` pieces around its span, not the
+        whole window of :meth:`piece_logprobs`, so they differ from those; None for a text without spans."""
+        wins = span_windows(self.tokenizer, texts, spans, context, self.max_length, self.stride)
+        return self._compute(texts, wins)
+
+    def _compute(
+        self, texts: Sequence[str], wins: list[Window] | None = None
+    ) -> list[tuple[list[tuple[int, int]], Any] | None]:
         import torch
 
-        wins = windows(self.tokenizer, texts, self.max_length, self.stride)
+        if wins is None:
+            wins = windows(self.tokenizer, texts, self.max_length, self.stride)
         order = sorted(range(len(wins)), key=lambda i: len(wins[i].ids))
         logp: list[Any] = [None] * len(wins)
         pad = self.tokenizer.pad_token_id or 0

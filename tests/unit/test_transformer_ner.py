@@ -21,6 +21,7 @@ from ctrlgen.extract.transformer_ner import (
     STALLED_FILE,
     TransformerTagger,
     case_ids,
+    span_windows,
     spans_from_tags,
     token_labels,
     train_transformer_ner,
@@ -683,3 +684,61 @@ def test_primed_pieces_answer_their_texts_and_the_rest_is_computed(trained) -> N
         assert o1 == o2 and lp1.allclose(lp2, atol=1e-5)
     tagger.piece_logprobs(texts[:1])  # the block is over: the encoder runs again
     assert runs[-1] == texts[:1]
+
+
+def test_span_windows_hold_each_span_and_its_context_and_merge_neighbours(tokenizer) -> None:
+    text = " ".join(f"w{i}" for i in range(100))  # "w0 w1 ...": two pieces per word ("w", "##0")
+    at = {w: (text.index(f" {w} ") + 1, text.index(f" {w} ") + 1 + len(w)) for w in ("w10", "w12", "w80")}
+    pieces = windows(tokenizer, [text], 512, 0)[0].offsets[1:-1]
+
+    def body(w) -> list[tuple[int, int]]:
+        return [o for o in w.offsets if o != (0, 0)]
+
+    wins = span_windows(tokenizer, [text, "no spans here"], [[at["w80"], at["w10"], at["w12"]], []], 3, 64, 8)
+    assert [w.doc for w in wins] == [0, 0]  # w10 and w12 share a window; a text without spans has none
+    for w in wins:
+        assert w.offsets[0] == w.offsets[-1] == (0, 0) and w.ids[0] == tokenizer.cls_token_id
+        assert w.ids[-1] == tokenizer.sep_token_id and body(w) == pieces[pieces.index(body(w)[0]) :][: len(body(w))]
+    first, second = body(wins[0]), body(wins[1])
+    i10 = pieces.index((at["w10"][0], at["w10"][0] + 1))
+    assert first == pieces[i10 - 3 : i10 + 6 + 3]  # w10 w11 w12: six pieces, three more each side
+    i80 = pieces.index((at["w80"][0], at["w80"][0] + 1))
+    assert second == pieces[i80 - 3 : i80 + 2 + 3]
+    # a neighbourhood longer than a window is cut as whole notes are: windows overlapping by the stride
+    long = span_windows(tokenizer, [text], [[at["w80"]]], 40, 32, 8)
+    assert len(long) > 2 and all(len(w.ids) <= 32 for w in long)
+    assert body(long[0])[-8:] == body(long[1])[:8]
+    covered = sorted({o for w in long for o in body(w)})
+    assert covered == pieces[i80 - 40 : i80 + 2 + 40]
+    assert span_windows(tokenizer, ["a b"], [[]], 3, 64, 8) == []
+    with pytest.raises(ValueError, match="context must be >= 0"):
+        span_windows(tokenizer, [text], [[at["w10"]]], -1, 64, 8)
+
+
+def test_the_veto_on_its_spans_neighbourhoods_reads_them_as_the_whole_note_veto_does(trained) -> None:
+    from ctrlgen.extract.presidio import PresidioExtractor
+    from ctrlgen.extract.transformer_ner import span_p_outside
+
+    text = "Pt seen today. Spoke with Dan Brown about the plan. Call 617-555-1234. Vitals stable overnight."
+    tagger = TransformerTagger(trained, device="cpu")
+    name, phone = (26, 35), (text.index("617"), text.index("1234") + 4)
+    (whole,) = tagger.piece_logprobs([text])
+    # a context that takes in the whole (short) note: the very window the whole-note veto reads
+    local, none = tagger.span_logprobs([text, "Vitals stable."], [[name, phone], []], 1000)
+    assert none is None and local[0] == whole[0] and local[1].allclose(whole[1], atol=1e-5)
+    # a narrow context: only the spans' pieces and two more each side are read
+    (near,) = tagger.span_logprobs([text], [[name]], 2)
+    assert len(near[0]) == 2 + 2 + 2 and span_p_outside(near, *phone) is None
+    assert span_p_outside(near, *name) is not None
+    base = ExtractionConfig(
+        setting="unknown", ner_model=trained, recognizers=["SpacyRecognizer", "ClinicalPhoneRecognizer"]
+    )
+    p_phone, p_name = span_p_outside(whole, *phone), span_p_outside(whole, *name)
+    veto = {"ner_veto": trained, "ner_veto_p_outside": (p_name + p_phone) / 2}
+    full = PresidioExtractor(base.model_copy(update=veto)).extract_texts([text, "Vitals stable."])
+    wide = PresidioExtractor(base.model_copy(update={**veto, "ner_veto_context": 1000}))
+    assert wide.extract_texts([text, "Vitals stable."]) == full and [e.text for e in full[0]] == ["Dan Brown"]
+    with pytest.raises(ValueError, match="ner_veto_context needs extraction.ner_veto"):
+        ExtractionConfig(setting="unknown", ner_veto_context=16)
+    with pytest.raises(ValueError, match="the second pass finds spans in whole notes"):
+        ExtractionConfig(setting="unknown", ner_veto=trained, ner_veto_context=16, ner_union_p_outside=0.2)
