@@ -508,9 +508,15 @@ def _veto_text(cfg: CtrlgenConfig) -> str:
         if ex.ner_union_p_outside is not None
         else ""
     )
+    reads = (
+        f" (the tagger reading only each span's word pieces and {ex.ner_veto_context} pieces each side, "
+        "`extraction.ner_veto_context`, not whole notes)"
+        if ex.ner_veto_context is not None
+        else ""
+    )
     return (
         f" Then a transformer tagger vetoes the engine's spans after every rule (`extraction.ner_veto`): a span goes "
-        f"when the tagger's P(O) is at least {ex.ner_veto_p_outside:g} on each of its word pieces{union}. In the "
+        f"when the tagger's P(O) is at least {ex.ner_veto_p_outside:g} on each of its word pieces{reads}{union}. In the "
         f"cross-validation each fold's tagger is {arch} ({h.epochs} epochs, seed {h.seed}; "
         f"`extraction.ner_veto_training`) trained on the same other folds' patients as that fold's NER, and the "
         f"in-fold rule selection scores the engine before the veto. The NER alone and rules alone rows run without "

@@ -415,6 +415,9 @@ def test_the_report_lists_the_bars_each_fold_chose_and_says_so_in_its_head() -> 
     assert "min(recall / 0.985, precision / 0.85)" in text and "1 of 3 patient folds" in text
     head = _veto_text(CtrlgenConfig(extraction=ex))
     assert "The cross-validation chooses the bars inside each training fold" in head and "config's:" not in head
+    assert "ner_veto_context" not in head
+    local = ex.model_copy(update={"ner_union_p_outside": None, "ner_veto_context": 16})
+    assert "only each span's word pieces and 16 pieces each side" in _veto_text(CtrlgenConfig(extraction=local))
 
 
 def test_span_p_outside_takes_the_least_sure_piece_overlapping_the_span() -> None:
