@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 from _report import cpu_name, publish  # noqa: E402
-from ner_threshold import PHYSIONET, provenance  # noqa: E402
-from ner_veto_members import _cell, _counts  # noqa: E402
+from ner_threshold import provenance  # noqa: E402
+from ner_veto_members import _cell, _counts, veto_fold_models  # noqa: E402
 
 CONFIG = "configs/extract_physionet_veto.yaml"
 JSON = ROOT / "docs" / "benchmarks" / "ner_veto_local.json"
@@ -110,19 +110,11 @@ def speed(ex: Any, spacy: str, ner: str, tagger: str, held: list[Any], passes: i
 
 
 def measure(config: str) -> dict[str, Any]:
-    from ctrlgen.config import PhysionetCorpusConfig, load_config
-    from ctrlgen.corpora import load_corpus
-    from ctrlgen.extract.crossval import _fold_jobs, train_cached, veto_training
     from ctrlgen.extract.presidio import PresidioExtractor
-    from ctrlgen.extract.report import NER_CACHE
 
-    docs = load_corpus(PhysionetCorpusConfig(path=str(PHYSIONET), identifiers="direct+quasi"))[0]
-    base = load_config(str(ROOT / config))
-    ex = base.extraction.model_copy(update={"setting": "unknown", "ner_union_p_outside": None})
-    k, cache, spacy = ex.ner_training.folds, ROOT / NER_CACHE, base.nlp.spacy_model
-    folds = _fold_jobs(docs, k, ex, cache, spacy, "physionet-deid")
-    taggers = [j for j, _, _ in _fold_jobs(docs, k, ex, cache, spacy, "physionet-deid", how=veto_training(ex))]
-    train_cached([j for j, _, _ in folds] + taggers, ex.ner_training.workers)
+    base, ex, folds, by_member = veto_fold_models(config, [("as configured", [])])
+    ex = ex.model_copy(update={"ner_union_p_outside": None})  # the veto alone: no second pass
+    k, spacy, taggers = ex.ner_training.folds, base.nlp.spacy_model, by_member["as configured"]
     rows = []
     for i, (job, _, held) in enumerate(folds):
         print(f"[ner_veto_local] fold {i + 1}/{k}: {len(held)} notes", file=sys.stderr, flush=True)

@@ -126,13 +126,16 @@ def score_fold(pe: Any, held: Sequence[Any], taggers: dict[str, Any], veto: floa
     return out
 
 
-def measure(config: str) -> dict[str, Any]:
+def veto_fold_models(
+    config: str, members: Sequence[tuple[str, Sequence[str]]]
+) -> tuple[Any, Any, list[Any], dict[str, list[Any]]]:
+    """``config``'s engine on its PhysioNet patient folds: (the config, its extraction config in the unknown setting,
+    each fold's (spaCy NER job, patients, held-out notes), each member's fold veto tagger jobs by name; a member is
+    (name, overrides of the config)). Every model is trained when missing (``ctrlgen extract-report``'s cache keys)."""
     from ctrlgen.config import PhysionetCorpusConfig, load_config
     from ctrlgen.corpora import load_corpus
     from ctrlgen.extract.crossval import _fold_jobs, train_cached, veto_training
-    from ctrlgen.extract.presidio import PresidioExtractor
     from ctrlgen.extract.report import NER_CACHE
-    from ctrlgen.extract.transformer_ner import TransformerTagger
 
     docs = load_corpus(PhysionetCorpusConfig(path=str(PHYSIONET), identifiers="direct+quasi"))[0]
     base = load_config(str(ROOT / config))
@@ -140,10 +143,19 @@ def measure(config: str) -> dict[str, Any]:
     k, cache, spacy = ex.ner_training.folds, ROOT / NER_CACHE, base.nlp.spacy_model
     folds = _fold_jobs(docs, k, ex, cache, spacy, "physionet-deid")
     taggers = {}
-    for name, overrides in MEMBERS:
-        e = load_config(str(ROOT / config), overrides).extraction.model_copy(update={"setting": "unknown"})
+    for name, overrides in members:
+        e = load_config(str(ROOT / config), list(overrides)).extraction.model_copy(update={"setting": "unknown"})
         taggers[name] = [j for j, _, _ in _fold_jobs(docs, k, e, cache, spacy, "physionet-deid", how=veto_training(e))]
     train_cached([j for j, _, _ in folds] + [j for jobs in taggers.values() for j in jobs], ex.ner_training.workers)
+    return base, ex, folds, taggers
+
+
+def measure(config: str) -> dict[str, Any]:
+    from ctrlgen.extract.presidio import PresidioExtractor
+    from ctrlgen.extract.transformer_ner import TransformerTagger
+
+    base, ex, folds, taggers = veto_fold_models(config, MEMBERS)
+    k, spacy = ex.ner_training.folds, base.nlp.spacy_model
     rows = []
     for i, (job, _, held) in enumerate(folds):
         print(f"[ner_veto_members] fold {i + 1}/{k}: {len(held)} notes", file=sys.stderr, flush=True)
