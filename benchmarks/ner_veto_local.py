@@ -72,7 +72,7 @@ def _read(wins: Sequence[Any]) -> int:
 
 def score_fold(pe: Any, held: Sequence[Any], bar: float) -> dict[str, Any]:
     """Fold's held-out notes through the engine ``pe`` once, then its veto with each variant's word pieces."""
-    from ctrlgen.extract.transformer_ner import span_windows, veto_spans, windows
+    from ctrlgen.extract.transformer_ner import veto_spans, windows
 
     texts = [d.text for d in held]
     engine = pe.engine_spans(texts)
@@ -80,10 +80,10 @@ def score_fold(pe: Any, held: Sequence[Any], bar: float) -> dict[str, Any]:
     spans = [[(e.start, e.end) for e in ents] for ents in engine]
     out = {ENGINE: {**_counts(held, engine), "pieces_read": 0, "windows": 0}}
     wins = windows(tagger.tokenizer, texts, tagger.max_length, tagger.stride)
-    variants = {WHOLE: (tagger.piece_logprobs(texts), wins)}
-    for c in CONTEXTS:
-        wins = span_windows(tagger.tokenizer, texts, spans, c, tagger.max_length, tagger.stride)
-        variants[_local(c)] = (tagger.span_logprobs(texts, spans, c), wins)
+    variants = {WHOLE: (tagger.window_logprobs(texts, wins), wins)}
+    for c in CONTEXTS:  # what span_logprobs reads, built once for the encoder and the count
+        wins = tagger.span_windows(texts, spans, c)
+        variants[_local(c)] = (tagger.window_logprobs(texts, wins), wins)
     for name, (pieces, wins) in variants.items():
         kept = [veto_spans(e, p, bar) for e, p in zip(engine, pieces, strict=True)]
         out[name] = {**_counts(held, kept), "pieces_read": _read(wins), "windows": len(wins)}

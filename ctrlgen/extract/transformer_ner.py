@@ -55,8 +55,10 @@ __all__ = [
     "fit_recall",
     "load_pipeline",
     "span_p_outside",
+    "span_windows",
     "spans_apart",
     "spans_from_tags",
+    "special_frame",
     "token_labels",
     "train_transformer_ner",
     "union_spans",
@@ -111,34 +113,38 @@ def windows(tokenizer: Any, texts: Sequence[str], max_length: int, stride: int) 
     ]
 
 
+def special_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The special tokens ``tokenizer`` puts before and after a text's pieces (BERT's: ``[CLS]`` and ``[SEP]``)."""
+    probe = tokenizer("a", add_special_tokens=True, return_offsets_mapping=True)
+    at = next(k for k, (a, b) in enumerate(probe["offset_mapping"]) if a != b)
+    return list(probe["input_ids"][:at]), list(probe["input_ids"][at + 1 :])
+
+
 def span_windows(
     tokenizer: Any, texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]], context: int, max_length: int,
-    stride: int,
+    stride: int, frame: tuple[list[int], list[int]] | None = None,
 ) -> list[Window]:  # fmt: skip
     """Windows of word pieces around each text's ``spans`` (character offsets) only: a span's pieces and ``context``
     pieces each side, windows that overlap or touch merged, one longer than ``max_length`` (special tokens included)
     cut as :func:`windows` cuts a note (overlapping by ``stride``). A text without spans has no window
-    (``extraction.ner_veto_context``: the veto reads its spans' neighbourhoods, not whole notes)."""
+    (``extraction.ner_veto_context``: the veto reads its spans' neighbourhoods, not whole notes). ``frame``: the
+    tokenizer's :func:`special_frame`, when the caller holds it (computed here otherwise)."""
     if context < 0:
         raise ValueError(f"context must be >= 0, got {context}")
     todo = [i for i, s in enumerate(spans) if s]
     if not todo:
         return []
     enc = tokenizer([texts[i] for i in todo], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-    probe = tokenizer("a", add_special_tokens=True, return_offsets_mapping=True)  # where a text's pieces go
-    at = next(k for k, (a, b) in enumerate(probe["offset_mapping"]) if a != b)
-    head, tail = list(probe["input_ids"][:at]), list(probe["input_ids"][at + 1 :])  # e.g. [CLS] and [SEP]
+    head, tail = frame if frame is not None else special_frame(tokenizer)
     room = max_length - len(head) - len(tail)
     step = max(1, room - stride)
     out = []
     for i, ids, offs in zip(todo, enc["input_ids"], enc["offset_mapping"], strict=True):
-        ends = [int(b) for _, b in offs]
+        starts, ends = [int(a) for a, _ in offs], [int(b) for _, b in offs]
         regions: list[list[int]] = []
         for start, end in sorted(spans[i]):
             lo = bisect.bisect_right(ends, start)  # the first piece ending after the span starts
-            hi = lo
-            while hi < len(offs) and offs[hi][0] < end:
-                hi += 1
+            hi = bisect.bisect_left(starts, end, lo)  # the first piece from there starting at or after its end
             if hi == lo:  # no piece overlaps the span (only spaces): nothing to read
                 continue
             a, b = max(0, lo - context), min(len(ids), hi + context)
@@ -389,6 +395,8 @@ class TransformerTagger:
         labels = [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
         if tuple(labels) != BIO:
             raise CtrlgenError(f"{path}: the classifier's labels are not ctrlgen's BIO labels")
+        #: the special tokens around a window's pieces (:func:`special_frame`), for :meth:`span_windows`
+        self.frame = special_frame(self.tokenizer)
         #: pieces already computed for the texts of one batch (:meth:`primed`), looked up before the encoder runs
         self._primed: dict[str, tuple[list[tuple[int, int]], Any] | None] = {}
 
@@ -413,9 +421,9 @@ class TransformerTagger:
         log-probabilities (a piece seen by two windows: the mean of theirs); None for a note without pieces."""
         if self._primed:
             todo = [t for t in dict.fromkeys(texts) if t not in self._primed]
-            done = dict(zip(todo, self._compute(todo), strict=True)) if todo else {}
+            done = dict(zip(todo, self.window_logprobs(todo), strict=True)) if todo else {}
             return [self._primed[t] if t in self._primed else done[t] for t in texts]
-        return self._compute(texts)
+        return self.window_logprobs(texts)
 
     def span_logprobs(
         self, texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]], context: int
@@ -424,12 +432,19 @@ class TransformerTagger:
         and ``context`` pieces each side): what :func:`veto_spans` needs of those spans, for a fraction of the encoder's
         work on whole notes. A piece's log-probabilities are read with ``context`` pieces around its span, not the
         whole window of :meth:`piece_logprobs`, so they differ from those; None for a text without spans."""
-        wins = span_windows(self.tokenizer, texts, spans, context, self.max_length, self.stride)
-        return self._compute(texts, wins)
+        return self.window_logprobs(texts, self.span_windows(texts, spans, context))
 
-    def _compute(
+    def span_windows(
+        self, texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]], context: int
+    ) -> list[Window]:
+        """:func:`span_windows` with this tagger's tokenizer and window: what :meth:`span_logprobs` reads."""
+        return span_windows(self.tokenizer, texts, spans, context, self.max_length, self.stride, self.frame)
+
+    def window_logprobs(
         self, texts: Sequence[str], wins: list[Window] | None = None
     ) -> list[tuple[list[tuple[int, int]], Any] | None]:
+        """:meth:`piece_logprobs` of the pieces ``wins`` hold (windows of ``texts``; None: every note's
+        :func:`windows`), whatever :meth:`primed` holds: the encoder runs on each window."""
         import torch
 
         if wins is None:

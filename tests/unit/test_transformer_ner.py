@@ -23,6 +23,7 @@ from ctrlgen.extract.transformer_ner import (
     case_ids,
     span_windows,
     spans_from_tags,
+    special_frame,
     token_labels,
     train_transformer_ner,
     windows,
@@ -656,8 +657,8 @@ def test_the_union_pass_is_the_second_engine_through_its_own_bar(trained) -> Non
     # one tagger, loaded once: the veto's is the second pass's NER, and one encoder pass serves both per batch
     assert engine._veto is engine._union.transformer_tagger
     runs: list[int] = []
-    encode = engine._veto._compute
-    engine._veto._compute = lambda batch: runs.append(len(batch)) or encode(batch)
+    encode = engine._veto.window_logprobs
+    engine._veto.window_logprobs = lambda batch: runs.append(len(batch)) or encode(batch)
     got = engine.extract_texts(texts)
     assert runs == [len(texts)]
     want = [union_spans(a, b, p, 0.999, 0.5) for a, b, p in zip(first, second, pieces, strict=True)]
@@ -678,8 +679,8 @@ def test_primed_pieces_answer_their_texts_and_the_rest_is_computed(trained) -> N
     full = tagger.piece_logprobs(texts)
     marker = ([(0, 1)], full[0][1][:1])  # not what the encoder gives: shows the primed value is the one used
     runs: list[list[str]] = []
-    encode = tagger._compute
-    tagger._compute = lambda batch: runs.append(list(batch)) or encode(batch)
+    encode = tagger.window_logprobs
+    tagger.window_logprobs = lambda batch: runs.append(list(batch)) or encode(batch)
     with tagger.primed(texts[:1], [marker]):
         got = tagger.piece_logprobs(texts)
     assert got[0] is marker and runs == [texts[1:]]
@@ -714,6 +715,15 @@ def test_span_windows_hold_each_span_and_its_context_and_merge_neighbours(tokeni
     covered = sorted({o for w in long for o in body(w)})
     assert covered == pieces[i80 - 40 : i80 + 2 + 40]
     assert span_windows(tokenizer, ["a b"], [[]], 3, 64, 8) == []
+    # the frame given (a tagger computes it once) is the frame found; a span inside a piece reads that piece; a span
+    # of spaces only reads nothing
+    assert special_frame(tokenizer) == ([tokenizer.cls_token_id], [tokenizer.sep_token_id])
+    framed = span_windows(tokenizer, [text], [[at["w80"], at["w10"], at["w12"]]], 3, 64, 8, special_frame(tokenizer))
+    assert framed == wins[:2]
+    s12 = at["w12"][0]
+    (inside,) = span_windows(tokenizer, [text], [[(s12 + 1, s12 + 2)]], 0, 64, 8)
+    assert body(inside) == [(s12 + 1, s12 + 3)]  # "##12"
+    assert span_windows(tokenizer, [text], [[(at["w10"][1], at["w10"][1] + 1)]], 3, 64, 8) == []
     with pytest.raises(ValueError, match="context must be >= 0"):
         span_windows(tokenizer, [text], [[at["w10"]]], -1, 64, 8)
 
