@@ -104,7 +104,7 @@ def fold_bars(config: str, fold: int, docs: Sequence[Any]) -> list[dict[str, Any
     rows = []
     for union in (None, SECOND_PASS):
         run = rules.cfg.model_copy(update={"ner_model": str(job.out), "ner_veto": str(tagger.out),
-                                           "ner_union_p_outside": union})  # fmt: skip
+                                           "ner_union_p_outside": union, "ner_veto_context": None})  # fmt: skip
         picks: list[tuple[str, float, float | None, Any]] = [
             ("the config's bars", ex.ner_veto_p_outside, union, None)
         ]

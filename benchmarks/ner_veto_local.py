@@ -99,7 +99,8 @@ def speed(ex: Any, spacy: str, ner: str, tagger: str, held: list[Any], passes: i
     from ctrlgen.extract.presidio import PresidioExtractor
 
     torch.set_num_threads(1)
-    runs = {ENGINE: {"ner_model": ner, "ner_veto": None}, WHOLE: {"ner_model": ner, "ner_veto": tagger}}
+    runs = {ENGINE: {"ner_model": ner, "ner_veto": None, "ner_veto_context": None},
+            WHOLE: {"ner_model": ner, "ner_veto": tagger, "ner_veto_context": None}}  # fmt: skip
     runs.update({_local(c): {"ner_model": ner, "ner_veto": tagger, "ner_veto_context": c} for c in CONTEXTS})
     out: dict[str, Any] = {"notes": len(held), "passes": passes}
     for name, update in runs.items():

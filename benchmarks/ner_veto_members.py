@@ -160,7 +160,7 @@ def measure(config: str) -> dict[str, Any]:
     for i, (job, _, held) in enumerate(folds):
         print(f"[ner_veto_members] fold {i + 1}/{k}: {len(held)} notes", file=sys.stderr, flush=True)
         run = ex.model_copy(update={"ner_model": str(job.out), "ner_veto": str(taggers[ALONE4][i].out),
-                                    "ner_union_p_outside": SECOND_PASS})  # fmt: skip
+                                    "ner_union_p_outside": SECOND_PASS, "ner_veto_context": None})  # fmt: skip
         pe = PresidioExtractor(run, spacy, identifiers="direct+quasi")
         members = {name: TransformerTagger(jobs[i].out, dtype=ex.ner_dtype) for name, jobs in taggers.items()}
         rows.append({"fold": i + 1, "notes": len(held), "ner": job.out.name,

@@ -1,12 +1,13 @@
 """The veto engine on an actor with a GPU (issue 41, item 3): notes/s of ``configs/extract_physionet_veto.yaml``.
 
-On the CPU the veto (``extraction.ner_veto``) costs the spaCy engine 20x: 10.1 against 207.7 notes/s on one thread
-(docs/benchmarks.md, the transformer tagger as a veto), under the unknown-setting job's 100 notes/s per core, so it
-is a choice for actors with a GPU. This measures that choice where a GPU is lent: the whole engine of the veto
-config (Presidio, the spaCy NER, the rules, then the veto) over every PhysioNet note, its CPU part on one thread (a
-Ray actor of 1 CPU and a GPU), the veto's tagger on the GPU, against the same engine without the veto on the same
-thread. The spaCy NER is the configured one (``make setup``'s, carried from here as ``.gpu/ner-spacy``); the tagger
-has the configured shapes and random weights, its head biased to O as in benchmarks/ner_gpu.py (speed only: such a
+On the CPU the veto (``extraction.ner_veto``) reading whole notes costs the spaCy engine 20x: 10.1 against 207.7
+notes/s on one thread (docs/benchmarks.md, the transformer tagger as a veto), under the unknown-setting job's 100
+notes/s per core, so it is a choice for actors with a GPU. This measures that choice where a GPU is lent: the whole
+engine of the veto config (Presidio, the spaCy NER, the rules, then the veto) over every PhysioNet note, its CPU
+part on one thread (a Ray actor of 1 CPU and a GPU), the veto's tagger on the GPU reading whole notes and, when the
+config sets ``extraction.ner_veto_context``, only its spans' neighbourhoods (on the CPU: docs/benchmarks.md, the veto
+on its spans' neighbourhoods), against the same engine without the veto on the same thread. The spaCy NER is the
+configured one (``make setup``'s, carried from here as ``.gpu/ner-spacy``); the tagger has the configured shapes and random weights, its head biased to O as in benchmarks/ner_gpu.py (speed only: such a
 tagger vetoes every span, so no span figure is reported).
 
     here:  bash benchmarks/gpu_prepare.sh --kernels          # carries .gpu/ner-spacy and .gpu/ner-tagger-arch
@@ -72,17 +73,23 @@ def measure(device: str, spacy_ner: Path, arch: Path, deid: Path, limit: int | N
     rows.append({"engine": "spaCy engine", "veto": "none", **_timed(plain, docs, passes)})
     print(f"[veto_gpu] {rows[-1]}", file=sys.stderr, flush=True)
     del plain
-    vetoed = PresidioExtractor(cfg.extraction, cfg.nlp.spacy_model, "direct+quasi")
-    on = vetoed._veto.device  # the tagger's device: CUDA where there is one (TransformerTagger's default)
-    if on.split(":")[0] != device.split(":")[0]:
-        raise SystemExit(f"the veto's tagger runs on {on}, not {device}")
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-    rows.append({"engine": "spaCy engine + veto", "veto": f"{on}, float32",
-                 **_timed(vetoed, docs, passes)})  # fmt: skip
-    if device.startswith("cuda"):
-        rows[-1]["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    print(f"[veto_gpu] {rows[-1]}", file=sys.stderr, flush=True)
+    # the veto reading whole notes, and (when the config sets extraction.ner_veto_context) its spans' neighbourhoods
+    contexts = dict.fromkeys([None, cfg.extraction.ner_veto_context])
+    for context in contexts:
+        vetoed = PresidioExtractor(cfg.extraction.model_copy(update={"ner_veto_context": context}),
+                                   cfg.nlp.spacy_model, "direct+quasi")  # fmt: skip
+        on = vetoed._veto.device  # the tagger's device: CUDA where there is one (TransformerTagger's default)
+        if on.split(":")[0] != device.split(":")[0]:
+            raise SystemExit(f"the veto's tagger runs on {on}, not {device}")
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        reads = "whole notes" if context is None else f"its spans and {context} word pieces each side"
+        rows.append({"engine": "spaCy engine + veto", "veto": f"{on}, float32", "reads": reads,
+                     **_timed(vetoed, docs, passes)})  # fmt: skip
+        if device.startswith("cuda"):
+            rows[-1]["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        print(f"[veto_gpu] {rows[-1]}", file=sys.stderr, flush=True)
+        del vetoed
     return {
         **run_header(device, weights, CONFIG),
         "notes": len(docs),
@@ -100,12 +107,15 @@ def report(r: dict[str, Any]) -> str:
         f"engine of `{r['config']}` over {r['notes']} PhysioNet notes, its CPU part on one thread (a Ray actor of 1 "
         f"CPU), best of {r['passes']} passes after a warm-up; the veto's tagger: {r['weights']}.",
         "",
-        "| engine | veto's tagger | notes/s | vs the engine without the veto | peak GPU memory (GiB) |",
-        "|---|---|---|---|---|",
+        "| engine | veto's tagger | the tagger reads | notes/s | vs the engine without the veto "
+        "| peak GPU memory (GiB) |",
+        "|---|---|---|---|---|---|",
     ]
     for x in r["rows"]:
         mem = f"{x['peak_gib']:.2f}" if "peak_gib" in x else "-"
-        lines.append(f"| {x['engine']} | {x['veto']} | {x['notes_per_s']:.1f} | "
+        # runs before extraction.ner_veto_context existed read whole notes
+        reads = "-" if x["veto"] == "none" else x.get("reads", "whole notes")
+        lines.append(f"| {x['engine']} | {x['veto']} | {reads} | {x['notes_per_s']:.1f} | "
                      f"{x['notes_per_s'] / plain['notes_per_s']:.2f}x | {mem} |")  # fmt: skip
     lines += ["", "The unknown-setting job's target: 100 notes/s per actor of one CPU (issue 41, item 3)."]
     return "\n".join(lines)

@@ -615,6 +615,11 @@ class PresidioExtractor:
         identifiers: str = "direct",
         pattern_gates: bool = True,  # False: every pattern runs on every text (the same results, slower)
     ) -> None:
+        if cfg.ner_veto_context is not None and cfg.ner_union_p_outside is not None:  # a copy skips the validators
+            raise ConfigError(
+                "extraction.ner_veto_context and extraction.ner_union_p_outside: the second pass reads whole notes; "
+                "set ner_veto_context to null with it"
+            )
         offline_env()
         _import_presidio()
         from presidio_analyzer import AnalyzerEngine, RecognizerRegistry

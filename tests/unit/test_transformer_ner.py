@@ -11,7 +11,7 @@ import pytest
 
 from ctrlgen.assets import sentence_encoder_dir
 from ctrlgen.config import ExtractionConfig, NerTrainingConfig
-from ctrlgen.errors import CtrlgenError
+from ctrlgen.errors import ConfigError, CtrlgenError
 from ctrlgen.extract.crossval import matched_epochs, ner_model_dir
 from ctrlgen.extract.ner import META_FILE, cpu_identity
 from ctrlgen.extract.transformer_ner import (
@@ -755,3 +755,5 @@ def test_the_veto_on_its_spans_neighbourhoods_reads_them_as_the_whole_note_veto_
         ExtractionConfig(setting="unknown", ner_veto_context=16)
     with pytest.raises(ValueError, match="the second pass finds spans in whole notes"):
         ExtractionConfig(setting="unknown", ner_veto=trained, ner_veto_context=16, ner_union_p_outside=0.2)
+    with pytest.raises(ConfigError, match="the second pass reads whole notes"):  # a copy skips the validators
+        PresidioExtractor(base.model_copy(update={**veto, "ner_veto_context": 16, "ner_union_p_outside": 0.2}))
