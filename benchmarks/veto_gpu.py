@@ -7,8 +7,9 @@ engine of the veto config (Presidio, the spaCy NER, the rules, then the veto) ov
 part on one thread (a Ray actor of 1 CPU and a GPU), the veto's tagger on the GPU reading whole notes and, when the
 config sets ``extraction.ner_veto_context``, only its spans' neighbourhoods (on the CPU: docs/benchmarks.md, the veto
 on its spans' neighbourhoods), against the same engine without the veto on the same thread. The spaCy NER is the
-configured one (``make setup``'s, carried from here as ``.gpu/ner-spacy``); the tagger has the configured shapes and random weights, its head biased to O as in benchmarks/ner_gpu.py (speed only: such a
-tagger vetoes every span, so no span figure is reported).
+configured one (``make setup``'s, carried from here as ``.gpu/ner-spacy``); the tagger has the configured shapes
+and random weights, its head biased to O as in benchmarks/ner_gpu.py (speed only: such a tagger vetoes every span,
+so no span figure is reported).
 
     here:  bash benchmarks/gpu_prepare.sh --kernels          # carries .gpu/ner-spacy and .gpu/ner-tagger-arch
     there: bash benchmarks/kernels_run.sh                    # runs this after ner_kernels.py where CUDA is
