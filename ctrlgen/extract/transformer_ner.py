@@ -163,6 +163,31 @@ def span_windows(
     return out
 
 
+def length_batches(lengths: Sequence[int], size: int, slack: float = 0.2) -> list[list[int]]:
+    """Indices of ``lengths`` (windows' lengths in word pieces) in batches for the encoder: by length, at most
+    ``size`` windows each, padded to its longest, a batch closed early when padding would pass ``slack`` of its
+    pieces. Windows of mixed lengths, as a call of few notes has (the veto's neighbourhoods of ~40 pieces beside
+    merged ones of 256), are not padded to the longest of a fixed count.
+
+    Example:
+        >>> length_batches([40, 256, 38, 41, 250, 39], size=3)
+        [[2, 5, 0], [3], [4, 1]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    tokens = 0
+    for i in order:
+        n = lengths[i]
+        batch = batches[-1] if batches else None
+        if batch and len(batch) < size and (len(batch) + 1) * n <= (1 + slack) * (tokens + n):
+            batch.append(i)
+            tokens += n
+        else:
+            batches.append([i])
+            tokens = n
+    return batches
+
+
 def case_ids(text: str, offsets: Sequence[tuple[int, int]]) -> list[int]:
     """Each piece's :data:`CASES` index: the shape of the whole word it is part of, in ``text`` as written.
 
@@ -350,7 +375,8 @@ def _threads(n: int) -> None:
 class TransformerTagger:
     """A trained token classifier (a directory of :func:`train_transformer_ner`): spans of many notes at once.
 
-    Windows of all notes of a call are sorted by length and run in batches of ``batch_size`` (little padding).
+    Windows of all notes of a call are sorted by length and run in batches of at most ``batch_size``, padded to
+    their longest, with little padding (:func:`length_batches`).
     """
 
     def __init__(
@@ -444,25 +470,25 @@ class TransformerTagger:
         self, texts: Sequence[str], wins: list[Window] | None = None
     ) -> list[tuple[list[tuple[int, int]], Any] | None]:
         """:meth:`piece_logprobs` of the pieces ``wins`` hold (windows of ``texts``; None: every note's
-        :func:`windows`), whatever :meth:`primed` holds: the encoder runs on each window."""
+        :func:`windows`). It ignores :meth:`primed`: the encoder runs on every window, every call."""
         import torch
 
         if wins is None:
             wins = windows(self.tokenizer, texts, self.max_length, self.stride)
-        order = sorted(range(len(wins)), key=lambda i: len(wins[i].ids))
+        batches = length_batches([len(w.ids) for w in wins], self.batch_size)
         logp: list[Any] = [None] * len(wins)
         pad = self.tokenizer.pad_token_id or 0
         autocast = torch.autocast(self.device.split(":")[0], torch.bfloat16, enabled=self.dtype == "bfloat16")
         with torch.inference_mode(), autocast:
-            for i in range(0, len(order), self.batch_size):
-                batch = [wins[j] for j in order[i : i + self.batch_size]]
+            for members in batches:
+                batch = [wins[j] for j in members]
                 ids, mask = _pad([w.ids for w in batch], pad)
                 cases = None
                 if self.case is not None:
                     cases = _pad([case_ids(texts[w.doc], w.offsets) for w in batch], 0)[0].to(self.device)
                 out = _logits(self.model, self.case, ids.to(self.device), mask.to(self.device), cases).logits
                 lp = torch.log_softmax(out.float(), dim=-1).cpu()
-                for j, w, row in zip(order[i : i + self.batch_size], batch, lp, strict=True):
+                for j, w, row in zip(members, batch, lp, strict=True):
                     logp[j] = row[: len(w.ids)]
             per_doc: list[dict[tuple[int, int], list[Any]]] = [{} for _ in texts]
             for w, lp in zip(wins, logp, strict=True):

@@ -5,6 +5,7 @@ Presidio engine as the NER of ``extraction.ner_model``."""
 import dataclasses
 import hashlib
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from ctrlgen.extract.transformer_ner import (
     STALLED_FILE,
     TransformerTagger,
     case_ids,
+    length_batches,
     span_windows,
     spans_from_tags,
     special_frame,
@@ -419,6 +421,24 @@ def test_the_report_lists_the_bars_each_fold_chose_and_says_so_in_its_head() -> 
     assert "ner_veto_context" not in head
     local = ex.model_copy(update={"ner_union_p_outside": None, "ner_veto_context": 16})
     assert "only each span's word pieces and 16 pieces each side" in _veto_text(CtrlgenConfig(extraction=local))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_length_batches_pad_little_and_keep_every_window_once(seed) -> None:
+    """The encoder's batches: every window once, at most ``size`` each, in length order, and a batch of more than one
+    window padded by at most ``slack`` of its pieces (a fixed count of sorted windows pads ~40-piece neighbourhoods
+    to 256 when a call holds few of each)."""
+    rng = random.Random(seed)
+    lengths = [rng.choice([rng.randint(30, 50), rng.randint(200, 256)]) for _ in range(rng.randint(1, 90))]
+    batches = length_batches(lengths, size=8, slack=0.2)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(flat) and all(1 <= len(b) <= 8 for b in batches)
+    for b in batches:
+        real = sum(lengths[i] for i in b)
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 1.2 * real
+    assert length_batches([40] * 20, size=8) == [list(range(8)), list(range(8, 16)), list(range(16, 20))]
+    assert length_batches([], size=8) == []
 
 
 def test_span_p_outside_takes_the_least_sure_piece_overlapping_the_span() -> None:
