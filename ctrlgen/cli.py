@@ -453,6 +453,14 @@ set-ups**: the same benchmark (`--cv`) cross-validates the engine by patient wit
 PhysioNet section below lists each CPU's figures for this training and their range. The other figures below are
 one set-up's (the models of this run); two set-ups of one commit, before any of this, differed by 0.8 (recall) and 1.2 (precision) points on the unseen notes above.
 
+**The veto's tagger** (an engine with `extraction.ner_veto`, as configs/extract_physionet.yaml's) is seeded too:
+trained twice with one seed and thread count it gives the same weights (tests/unit/test_transformer_ner.py), and
+`ctrlgen train-ner` records their SHA-256, the torch thread count and the CPU in its `ctrlgen_ner.json`. Its
+kernels are not pinned: torch chooses them per CPU (AVX2, AVX-512) and splits its sums over the machine's cores
+(the thread count), so another CPU or core count may train another tagger. Its spread over set-ups has not been
+measured: the veto rows below are one set-up's taggers, not a range (each tagger's CPU and thread count are in
+its `ctrlgen_ner.json` under .cache/ner).
+
 """
 
 

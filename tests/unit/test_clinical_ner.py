@@ -444,8 +444,8 @@ def test_the_clinical_engine_runs_on_other_corpora_layouts(small_ner, shared) ->
 
 
 def test_the_clinical_engine_finds_identifiers_no_corpus_here_annotates(small_ner) -> None:
-    """The shipped unknown-setting config on a discharge summary's layout (none of the shared corpora has
-    one): header fields, MRNs, ISO and date-shifted dates, e-mail, URL, zip code, device serial, ages; ages
+    """The shipped unknown-setting config, its veto's tagger (the one `make setup` trains) included, on a discharge
+    summary's layout (none of the shared corpora has one): the veto keeps every identifier the rules find: header fields, MRNs, ISO and date-shifted dates, e-mail, URL, zip code, device serial, ages; ages
     under ``min_age`` are left alone (90: HIPAA's over-89)."""
     from ctrlgen.config import load_config
     from ctrlgen.extract.presidio import PresidioExtractor
@@ -459,6 +459,7 @@ def test_the_clinical_engine_finds_identifiers_no_corpus_here_annotates(small_ne
         cfg = load_config(ROOT / "configs" / "extract_physionet.yaml",
                           [f"extraction.ner_model={small_ner}", f"extraction.min_age={min_age}",
                            f"extraction.name_lists={TOOL / 'lists'}", f"extraction.common_words={TOOL / 'dict'}"])  # fmt: skip
+        assert cfg.extraction.ner_veto and Path(cfg.extraction.ner_veto).is_dir()
         [found[min_age]] = PresidioExtractor(cfg.extraction, identifiers="direct+quasi").extract_texts([text])
 
     def detected(span: str, category: str, ents: list[Entity]) -> bool:  # typed overlap, as quality.py counts

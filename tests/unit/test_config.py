@@ -20,6 +20,16 @@ def test_every_shipped_config_loads(path):
     assert isinstance(cfg, CtrlgenConfig)
 
 
+def test_the_default_clinical_engine_is_the_veto_configs_engine():
+    """configs/extract_physionet.yaml (the default unknown-setting engine) runs what configs/extract_physionet_veto.yaml
+    (its studies and docs/extraction_veto.md) measures: the spaCy NER's engine with the transformer tagger's veto."""
+    default = load_config(ROOT / "configs" / "extract_physionet.yaml")
+    veto = load_config(ROOT / "configs" / "extract_physionet_veto.yaml")
+    assert default.extraction == veto.extraction and default.corpus == veto.corpus
+    assert default.extraction.ner_veto and default.extraction.ner_veto_context == 16
+    assert default.extraction.ner_union_p_outside is None and default.output_dir != veto.output_dir
+
+
 def test_defaults_read_the_generated_demo_corpus():
     cfg = load_config(None)
     assert isinstance(cfg.corpus, MimicCorpusConfig) and cfg.corpus.path == "demo"
