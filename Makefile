@@ -32,21 +32,19 @@ $(STAMP): pyproject.toml requirements.lock Makefile
 NER := .cache/ner/physionet-deid/ctrlgen_ner.json
 TAGGER := .cache/ner/physionet-deid-transformer/ctrlgen_ner.json
 PHYSIONET := ../shared/data/physionet-deid
+# $(call train,<config>,<what>): train-ner on <config> into the target's directory, or say why not
+define train
+	@if [ -d $(PHYSIONET) ]; then \
+		$(BIN)/ctrlgen train-ner -c $(1) && test -f $@ && touch $@; \
+	else \
+		echo "no $(PHYSIONET) beside the repository: the $(2) of the unknown setting is not trained" \
+			"(configs/extract_physionet.yaml needs it; the demo and a clone's tests do not)"; \
+	fi
+endef
 $(NER): $(STAMP) configs/extract_physionet_ner.yaml
-	@if [ -d $(PHYSIONET) ]; then \
-		$(BIN)/ctrlgen train-ner -c configs/extract_physionet_ner.yaml && test -f $(NER) && touch $(NER); \
-	else \
-		echo "no $(PHYSIONET) beside the repository: the clinical NER of the unknown setting is not trained" \
-			"(configs/extract_physionet.yaml needs it; the demo and a clone's tests do not)"; \
-	fi
-
+	$(call train,configs/extract_physionet_ner.yaml,clinical NER)
 $(TAGGER): $(STAMP) configs/extract_physionet_transformer.yaml
-	@if [ -d $(PHYSIONET) ]; then \
-		$(BIN)/ctrlgen train-ner -c configs/extract_physionet_transformer.yaml && test -f $(TAGGER) && touch $(TAGGER); \
-	else \
-		echo "no $(PHYSIONET) beside the repository: the veto tagger of the unknown setting is not trained" \
-			"(configs/extract_physionet.yaml needs it; the demo and a clone's tests do not)"; \
-	fi
+	$(call train,configs/extract_physionet_transformer.yaml,veto tagger)
 
 setup: $(STAMP) $(NER) $(TAGGER)
 

@@ -445,8 +445,9 @@ def test_the_clinical_engine_runs_on_other_corpora_layouts(small_ner, shared) ->
 
 def test_the_clinical_engine_finds_identifiers_no_corpus_here_annotates(small_ner) -> None:
     """The shipped unknown-setting config, its veto's tagger (the one `make setup` trains) included, on a discharge
-    summary's layout (none of the shared corpora has one): the veto keeps every identifier the rules find: header fields, MRNs, ISO and date-shifted dates, e-mail, URL, zip code, device serial, ages; ages
-    under ``min_age`` are left alone (90: HIPAA's over-89)."""
+    summary's layout (none of the shared corpora has one): the veto keeps every identifier the rules find: header
+    fields, MRNs, ISO and date-shifted dates, e-mail, URL, zip code, device serial, ages; ages under ``min_age``
+    are left alone (90: HIPAA's over-89)."""
     from ctrlgen.config import load_config
     from ctrlgen.extract.presidio import PresidioExtractor
 
