@@ -11,7 +11,8 @@ against PhysioNet's deid tool on the same notes. Writes its section of docs/benc
 4. When the transformer NER of configs/extract_physionet_transformer.yaml is trained: the same
    one-core loop and Ray job (the notes once) with it, for the trade-off of its recall against its speed;
    and the default engine (configs/extract_physionet.yaml: the clinical-NER engine with that tagger as the
-   veto of its spans, reading their neighbourhoods), one core and the Ray job over the R copies.
+   veto of its spans, reading their neighbourhoods), one core and the Ray job over the R copies and over 2R
+   copies: the difference of the two jobs is the rate of each further note, a long job's rate.
 
     .venv/bin/ctrlgen train-ner -c configs/extract_physionet_ner.yaml          # the NER, once (cached)
     .venv/bin/ctrlgen train-ner -c configs/extract_physionet_transformer.yaml  # optional: ~17 min (make setup trains both)
@@ -155,7 +156,11 @@ def main() -> int:
         n, job_s = ray_job(CONFIG, args.repeat, tmp)
         t_n, t_s = ray_job(TRANSFORMER, 1, tmp) if with_transformer else (0, 0.0)
         d_n, d_s = ray_job(DEFAULT, args.repeat, tmp) if with_transformer else (0, 0.0)
+        # twice the notes: what each further note costs once the actors are built (a MIMIC-scale job's rate)
+        d2_n, d2_s = ray_job(DEFAULT, 2 * args.repeat, tmp) if with_transformer else (0, 0.0)
         ray.shutdown()
+    steady = (d2_n - d_n) / (2 * (d2_s - d_s)) if with_transformer and d2_s > d_s else float("nan")
+    fixed = d_s - d_n / (2 * steady) if with_transformer and steady > 0 else float("nan")
     builds = {c: _build_seconds(c) for c in ([CONFIG, DEFAULT] if with_transformer else [CONFIG])}
     _say("extractor build in a fresh process: " + ", ".join(f"{c.stem} {b:.1f} s" for c, b in builds.items()))
     per_core = n / (2 * job_s)
@@ -190,6 +195,10 @@ def main() -> int:
             f"{loop['default'] / deid_rate:.1f}x | {loop['default'] / TARGET:.2f} |\n"
             f"| Ray Data job, default engine (clinical NER + transformer veto), 2 actors | {d_n:,} | "
             f"**{d_n / (2 * d_s):.1f}** | {d_n / (2 * d_s) / deid_rate:.1f}x | **{d_n / (2 * d_s) / TARGET:.2f}** |\n"
+            f"| Ray Data job, default engine, 2 actors, twice the notes | {d2_n:,} | {d2_n / (2 * d2_s):.1f} | "
+            f"{d2_n / (2 * d2_s) / deid_rate:.1f}x | {d2_n / (2 * d2_s) / TARGET:.2f} |\n"
+            f"| Ray Data job, default engine, each further note (the two jobs' difference) | {d2_n - d_n:,} more | "
+            f"**{steady:.1f}** | {steady / deid_rate:.1f}x | **{steady / TARGET:.2f}** |\n"
             if with_transformer
             else ""
         )
@@ -212,7 +221,10 @@ def main() -> int:
             f"({d_s:.1f} s; the clinical NER's {job_s:.1f} s). Each actor first builds its extractor: in a fresh process, "
             f"imports included, {builds.get(DEFAULT, 0.0):.1f} s for the default engine (torch and the tagger) against "
             f"{builds[CONFIG]:.1f} s for the clinical NER's, inside the job's time (a longer job spreads it over more "
-            f"notes). Its quality: docs/extraction.md"
+            f"notes). The same job over twice the notes ({d2_n:,}) took {d2_s:.1f} s: the {d2_n - d_n:,} further notes "
+            f"ran {steady:.1f} notes/s per core, the rate of a long (MIMIC-scale) job once its actors are built, and "
+            f"the job's fixed cost (start, builds, the last blocks' tail) was about {fixed:.1f} s (two single runs: "
+            "the difference carries both runs' noise). Its quality: docs/extraction.md"
             if with_transformer
             else ""
         )
