@@ -48,12 +48,12 @@ class ExtractActor:
     actors (each read task's output would go through the object store to an actor).
     """
 
-    def __init__(self, cfg_json: str, input_kind: str) -> None:
+    def __init__(self, cfg_json: str, input_kind: str, models: dict[str, tuple[str, Any]] | None = None) -> None:
         import gc
 
         from ctrlgen.extract import make_extractor
 
-        self.cfg = CtrlgenConfig.model_validate_json(cfg_json)
+        self.cfg = _drivers_models(CtrlgenConfig.model_validate_json(cfg_json), models or {})
         self.input_kind = input_kind
         self.extractor = make_extractor(self.cfg.extraction, self.cfg.nlp.spacy_model, self.cfg.corpus.identifiers)
         # Everything alive now (Ray's modules, the extractor, spaCy's model) lives as long as the
@@ -75,6 +75,38 @@ class ExtractActor:
         out = pa.concat_tables(parts).combine_chunks()
         record_extract(out)
         return out
+
+
+def ship_models(cfg: CtrlgenConfig) -> dict[str, tuple[str, Any]]:
+    """The trained models the driver's engine loads (``extraction.ner_model``, ``extraction.ner_veto``), by setting:
+    each one's digest and its files put in the object store once (``ExtractActor``'s ``models``)."""
+    import ray
+
+    from ctrlgen.extract.ner import model_digest
+    from ctrlgen.extract.shipping import model_files, trained_models
+
+    return {f: (model_digest(p), ray.put(model_files(p))) for f, p in trained_models(cfg.extraction).items()}
+
+
+def _drivers_models(cfg: CtrlgenConfig, models: dict[str, tuple[str, Any]]) -> CtrlgenConfig:
+    """``cfg`` loading the driver's models (:func:`ship_models`): this node's copy where it has their digest, else
+    the driver's files, fetched from the object store and written once under the cache (said on the actor's log)."""
+    from functools import partial
+
+    import ray
+
+    from ctrlgen.config import default_cache_dir
+    from ctrlgen.extract.shipping import resolve_model
+
+    paths = {}
+    for setting, (digest, ref) in models.items():
+        path, note = resolve_model(
+            getattr(cfg.extraction, setting), digest, partial(ray.get, ref), default_cache_dir() / "extraction-models"
+        )
+        if note:
+            print(f"extract actor: {note}", file=sys.stderr, flush=True)
+        paths[setting] = path
+    return cfg.model_copy(update={"extraction": cfg.extraction.model_copy(update=paths)}) if paths else cfg
 
 
 class StatusParquetSink(Datasink[None]):
@@ -142,6 +174,8 @@ class ExtractSummary:
     output: str = ""
     without_entities: int = 0  # documents out with no private entity
     warnings: list[str] = field(default_factory=list)
+    #: the digest of each trained model every actor loaded (the driver's), by setting
+    models: dict[str, str] = field(default_factory=dict)
 
     def text(self) -> str:
         cats = ", ".join(f"{c} {n}" for c, n in sorted(self.entities_by_category.items()))
@@ -150,6 +184,12 @@ class ExtractSummary:
             f"entities {sum(self.entities_by_category.values()):,}"
             + (f" ({cats})" if cats else "")
             + f"\nwritten to {self.output} in {self.seconds:.1f} s"
+            + (
+                "\nmodels (the driver's, loaded by every actor): "
+                + ", ".join(f"extraction.{f} sha256 {d[:16]}" for f, d in self.models.items())
+                if self.models
+                else ""
+            )
             + "".join(f"\nwarning: {w}" for w in self.warnings)
         )
 
@@ -330,6 +370,8 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
     # finish together; cheap placeholder blocks are larger (about 50k rows: a generated shard),
     # or Ray's per-block cost dominates.
     rows_per_block = ex.rows_per_block or _default_rows_per_block(cfg)
+    # every actor loads the driver's models, whatever its node's `make setup` trained (ctrlgen.extract.shipping)
+    models = ship_models(cfg)
     ds, input_kind, sized = _dataset(cfg, driver_quarantine, rows_per_block, read_warnings)
     for w in read_warnings:  # before the read starts: it can take minutes
         print(f"extract: warning: {w}", file=sys.stderr, flush=True)
@@ -339,7 +381,7 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
         ds = ds.repartition(target_num_rows_per_block=rows_per_block)
     out_ds = ds.map_batches(
         ExtractActor,
-        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "input_kind": input_kind},
+        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "input_kind": input_kind, "models": models},
         batch_size=None,  # whole blocks: the actor slices them into batch_size rows itself
         batch_format="pyarrow",
         num_cpus=ex.actor_num_cpus,
@@ -356,6 +398,7 @@ def run(cfg: CtrlgenConfig) -> ExtractSummary:
         storage.write_parquet(quarantine_to_table(driver_quarantine), storage.join(out, "reader-quarantine.parquet"))
     ok, bad, cats, empty = _count(out, driver_quarantine)
     summary = ExtractSummary(ok + bad, ok, bad, cats, time.perf_counter() - t0, out, empty)
+    summary.models = {f: digest for f, (digest, _) in models.items()}
     found = _warnings(cfg, out, ok, empty)
     for w in found:
         print(f"extract: warning: {w}", file=sys.stderr, flush=True)

@@ -61,12 +61,51 @@ def test_unknown_setting_on_the_shared_clinical_notes(ray_cluster, tmp_path, sha
     assert rc == 0
     out = capsys.readouterr().out
     assert "rows in 80 = documents out 80 + quarantined 0" in out
+    assert "models (the driver's, loaded by every actor): extraction.ner_model sha256 " in out
+    assert "extraction.ner_veto sha256 " in out
     docs = _ok_documents(tmp_path / "extracted")
     assert sorted(d.doc_id for d in docs)[:2] == ["1-1", "1-10"]
     assert any(e.source == "presidio" for d in docs for e in d.entities)
     for d in docs:
         assert all(d.text[e.start : e.end] == e.text for e in d.entities)
         assert json.loads(json.dumps(d.metadata))["corpus"] == "physionet-deid"
+
+
+def test_an_actor_whose_node_holds_other_models_loads_the_drivers(ray_cluster, tmp_path, shared):
+    """A node whose `make setup` trained other weights (another CPU) or none: that node's actors load the driver's
+    NER and veto tagger, shipped through the object store, and find what the driver's node finds."""
+    import shutil
+
+    import pyarrow as pa
+
+    from ctrlgen.corpora import load_corpus
+    from ctrlgen.extract.ner import model_digest
+    from ctrlgen.schema import DOCUMENT_SCHEMA
+    from ray_jobs.extract import ExtractActor, ship_models
+    from ray_jobs.submit import absolute_paths
+
+    cfg = absolute_paths(load_config("configs/extract_physionet.yaml", [f"corpus.path={shared / 'physionet-deid'}"]))[0]
+    models = ship_models(cfg)
+    assert set(models) == {"ner_model", "ner_veto"}, "make setup trains both of the default engine's models"
+    other = tmp_path / "node" / "ner"  # the NER another CPU trained: one byte of its weights differs
+    shutil.copytree(cfg.extraction.ner_model, other)
+    weights = other / "ner" / "model"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\x01")
+    node = cfg.model_copy(update={"extraction": cfg.extraction.model_copy(
+        update={"ner_model": str(other), "ner_veto": str(tmp_path / "node" / "never-trained")})})  # fmt: skip
+    docs = load_corpus(cfg.corpus)[0][:24]
+    table = pa.Table.from_pylist([d.to_row() for d in docs], schema=DOCUMENT_SCHEMA)
+    cache = tmp_path / "node-cache"
+    actor = ray_cluster.remote(ExtractActor).options(num_cpus=1, runtime_env={"env_vars": {"CTRLGEN_CACHE": str(cache)}})
+    drivers, nodes = (actor.remote(c.model_dump_json(), "documents", models) for c in (cfg, node))
+    want, got = ray_cluster.get([drivers.__call__.remote(table), nodes.__call__.remote(table)])
+    assert got.column("entities").to_pylist() == want.column("entities").to_pylist()
+    assert sum(len(e) for e in want.column("entities").to_pylist()) > 0
+    copies = sorted((cache / "extraction-models").iterdir())
+    assert sorted(model_digest(c) for c in copies) == sorted(d for d, _ in models.values())
+    assert not (tmp_path / "node" / "never-trained").exists()  # the node's own paths are left as they were
+    for a in (drivers, nodes):
+        ray_cluster.kill(a)
 
 
 def test_bad_csv_rows_are_quarantined_by_the_job(ray_cluster, tmp_path):

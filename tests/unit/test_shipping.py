@@ -1,0 +1,97 @@
+"""A job's extraction models shipped from its driver to actors whose node holds another copy (ctrlgen.extract.shipping)."""
+
+import os
+
+import pytest
+
+from ctrlgen.config import ExtractionConfig
+from ctrlgen.errors import CtrlgenError
+from ctrlgen.extract.ner import META_FILE, model_digest
+from ctrlgen.extract.shipping import model_files, resolve_model, trained_models, unpack_model
+
+
+def _model(path, weights=b"weights-0"):
+    (path / "ner").mkdir(parents=True)
+    (path / "ner" / "model").write_bytes(weights)
+    (path / "config.cfg").write_text("[nlp]\n")
+    (path / META_FILE).write_text('{"seed": 0}\n')
+    return path
+
+
+def test_the_unpacked_copy_has_the_drivers_files_and_is_reused(tmp_path):
+    src = _model(tmp_path / "src")
+    cache = tmp_path / "cache"
+    copy = unpack_model(model_files(src), model_digest(src), cache)
+    assert model_digest(copy) == model_digest(src)
+    assert (copy / META_FILE).read_text() == (src / META_FILE).read_text()  # the metadata travels too
+    stamp = (copy / "ner" / "model").stat().st_mtime_ns
+    assert unpack_model(model_files(src), model_digest(src), cache) == copy
+    assert (copy / "ner" / "model").stat().st_mtime_ns == stamp  # not rewritten
+    assert [p.name for p in cache.iterdir()] == [copy.name]  # no leftover temporary directory
+
+
+def test_a_stale_copy_under_the_digests_name_is_replaced(tmp_path):
+    src = _model(tmp_path / "src")
+    cache = tmp_path / "cache"
+    copy = unpack_model(model_files(src), model_digest(src), cache)
+    (copy / "ner" / "model").write_bytes(b"truncated")
+    assert unpack_model(model_files(src), model_digest(src), cache) == copy
+    assert model_digest(copy) == model_digest(src)
+
+
+def test_files_that_do_not_have_the_digest_are_refused_and_leave_nothing(tmp_path):
+    src = _model(tmp_path / "src")
+    files = model_files(src)
+    files["ner/model"] = b"weights-1"
+    with pytest.raises(CtrlgenError, match="not the driver's"):
+        unpack_model(files, model_digest(src), tmp_path / "cache")
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["../escape", "/etc/x", "ner/../../x"])
+def test_a_file_name_outside_the_model_directory_is_refused(tmp_path, name):
+    src = _model(tmp_path / "src")
+    files = {**model_files(src), name: b"x"}
+    with pytest.raises(CtrlgenError, match="outside its directory"):
+        unpack_model(files, model_digest(src), tmp_path / "cache")
+    assert not (tmp_path / "escape").exists() and list((tmp_path / "cache").iterdir()) == []
+
+
+def test_the_nodes_own_copy_is_loaded_when_it_is_the_drivers(tmp_path):
+    src = _model(tmp_path / "src")
+
+    def fetch():
+        raise AssertionError("fetched although this node's copy is the driver's")
+
+    assert resolve_model(str(src), model_digest(src), fetch, tmp_path / "cache") == (str(src), "")
+
+
+@pytest.mark.parametrize("node", ["other weights", "missing", "untrained"])
+def test_a_node_without_the_drivers_model_loads_the_drivers_copy(tmp_path, node):
+    driver = _model(tmp_path / "driver")
+    local = tmp_path / "node"
+    if node == "other weights":
+        _model(local, b"weights-of-another-cpu")
+    elif node == "untrained":
+        _model(local)
+        os.remove(local / META_FILE)
+    calls = []
+
+    def fetch():
+        calls.append(1)
+        return model_files(driver)
+
+    path, note = resolve_model(str(local), model_digest(driver), fetch, tmp_path / "cache")
+    assert calls == [1] and model_digest(path) == model_digest(driver) and path != str(local)
+    assert f"this node's {local} is not the driver's model" in note and model_digest(driver)[:16] in note
+    assert ("no trained model there" in note) == (node != "other weights")
+    assert "weights-" not in note  # names and digests only
+
+
+def test_the_models_shipped_are_the_trained_directories_the_engine_loads(tmp_path):
+    ner, veto = _model(tmp_path / "ner"), _model(tmp_path / "veto")
+    cfg = ExtractionConfig(setting="unknown", ner_model=str(ner), ner_veto=str(veto))
+    assert trained_models(cfg) == {"ner_model": str(ner), "ner_veto": str(veto)}
+    assert trained_models(cfg.model_copy(update={"ner_veto": str(tmp_path / "not-trained")})) == {"ner_model": str(ner)}
+    assert trained_models(ExtractionConfig(setting="unknown")) == {}  # the general engine: a spaCy package
+    assert trained_models(cfg.model_copy(update={"setting": "known"})) == {}
