@@ -9,7 +9,9 @@
 The graph: ``Api`` (ingress) -> ``Generator``, ``Extractor``, ``Scorer`` -> ``ScorerShard0..n-1``, and
 ``ScoreLimiter`` (one replica: the /v1/score rate per token for the whole service).
 Paths in the config should be absolute when the app is deployed on a cluster (replicas do not
-share the deployer's working directory); ``ctrlgen serve`` makes them so.
+share the deployer's working directory); ``ctrlgen serve`` makes them so. The extraction models' digests are taken
+where the app is built: an ``Extractor`` replica on a node holding other models refuses to start
+(:func:`ctrlgen.extract.shipping.check_models`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from ray.serve import Application
 
 from ctrlgen.config import CtrlgenConfig, apply_overrides, load_config
+from ctrlgen.extract.shipping import model_digests
 from serve.api import Api
 from serve.deployments import Extractor, Generator, ScoreLimiter, Scorer, ScorerShard, contexts_path, references_path
 
@@ -44,7 +47,9 @@ def build_app(args: dict[str, Any]) -> Application:
         cfg = load_config(args.get("config"), list(args.get("overrides") or []))
     contexts_path(cfg), references_path(cfg)  # fail at build time, with the config's own message
     cfg_json = cfg.model_dump_json()
+    # the digests of the extraction models here: a replica whose node holds others refuses to start
+    models = model_digests(cfg.extraction.model_copy(update={"setting": "unknown"}))
     n = cfg.serve.scorer_shards
     shards = [ScorerShard.options(name=shard_name(i)).bind(cfg_json, i, n) for i in range(n)]
     limiter = ScoreLimiter.bind(cfg.serve.score_rate_texts, cfg.serve.score_rate_window_s)
-    return Api.bind(cfg_json, Generator.bind(cfg_json), Extractor.bind(cfg_json), Scorer.bind(shards), limiter)
+    return Api.bind(cfg_json, Generator.bind(cfg_json), Extractor.bind(cfg_json, models), Scorer.bind(shards), limiter)

@@ -276,13 +276,15 @@ class Generator:
 class Extractor:
     """Entities and control codes of submitted documents (known spans, or the unknown-setting engine)."""
 
-    def __init__(self, cfg_json: str) -> None:
+    def __init__(self, cfg_json: str, models: dict[str, str] | None = None) -> None:
         from ctrlgen.extract import KnownExtractor, make_extractor
+        from ctrlgen.extract.shipping import check_models
 
         t0 = time.perf_counter()
         cfg = CtrlgenConfig.model_validate_json(cfg_json)
         self.corpus = cfg.corpus
         unknown = cfg.extraction.model_copy(update={"setting": "unknown"})
+        check_models(unknown, models or {})  # the models' digests where the app was built (serve.app.build_app)
         self.known = KnownExtractor()
         self.engine = make_extractor(unknown, cfg.nlp.spacy_model, cfg.corpus.identifiers)
         self._batch.set_max_batch_size(cfg.serve.extractor_batch_size)

@@ -31,7 +31,8 @@ from ctrlgen.config import ExtractionConfig
 from ctrlgen.errors import CtrlgenError
 from ctrlgen.extract.ner import META_FILE, model_digest
 
-__all__ = ["MODEL_FIELDS", "model_files", "resolve_model", "trained_models", "unpack_model"]
+__all__ = ["MODEL_FIELDS", "check_models", "model_digests", "model_files", "resolve_model", "trained_models",
+           "unpack_model"]  # fmt: skip
 
 #: The extraction settings that name a trained model directory the engine loads
 MODEL_FIELDS: tuple[str, ...] = ("ner_model", "ner_veto")
@@ -44,6 +45,25 @@ def trained_models(cfg: ExtractionConfig) -> dict[str, str]:
     if cfg.setting != "unknown":
         return {}
     return {f: str(p) for f in MODEL_FIELDS if (p := getattr(cfg, f)) and (Path(p) / META_FILE).is_file()}
+
+
+def model_digests(cfg: ExtractionConfig) -> dict[str, str]:
+    """The :func:`~ctrlgen.extract.ner.model_digest` of each of :func:`trained_models`, by setting."""
+    return {f: model_digest(p) for f, p in trained_models(cfg).items()}
+
+
+def check_models(cfg: ExtractionConfig, expected: dict[str, str]) -> None:
+    """A :class:`CtrlgenError` when this machine's copy of a model ``cfg`` names has not the digest in ``expected``
+    (:func:`model_digests` where the service was built): a replica that would find other spans than the others."""
+    for setting, digest in expected.items():
+        path = Path(getattr(cfg, setting) or "")
+        found = model_digest(path) if (path / META_FILE).is_file() else ""
+        if found != digest:
+            raise CtrlgenError(
+                f"extraction.{setting}: this node's {path} is not the model the service was built with "
+                f"({'digest ' + found[:16] if found else 'no trained model there'}; built with {digest[:16]}): copy "
+                "that model's directory here (every replica must find the same spans; docs/cluster.md)"
+            )
 
 
 def model_files(path: str | Path) -> dict[str, bytes]:

@@ -7,7 +7,14 @@ import pytest
 from ctrlgen.config import ExtractionConfig
 from ctrlgen.errors import CtrlgenError
 from ctrlgen.extract.ner import META_FILE, model_digest
-from ctrlgen.extract.shipping import model_files, resolve_model, trained_models, unpack_model
+from ctrlgen.extract.shipping import (
+    check_models,
+    model_digests,
+    model_files,
+    resolve_model,
+    trained_models,
+    unpack_model,
+)
 
 
 def _model(path, weights=b"weights-0"):
@@ -95,3 +102,31 @@ def test_the_models_shipped_are_the_trained_directories_the_engine_loads(tmp_pat
     assert trained_models(cfg.model_copy(update={"ner_veto": str(tmp_path / "not-trained")})) == {"ner_model": str(ner)}
     assert trained_models(ExtractionConfig(setting="unknown")) == {}  # the general engine: a spaCy package
     assert trained_models(cfg.model_copy(update={"setting": "known"})) == {}
+
+
+def test_a_node_whose_models_differ_from_the_builders_is_named(tmp_path):
+    built = _model(tmp_path / "built")
+    cfg = ExtractionConfig(setting="unknown", ner_model=str(built))
+    expected = model_digests(cfg)
+    assert expected == {"ner_model": model_digest(built)}
+    check_models(cfg, expected)  # the same copy: nothing to say
+    check_models(cfg, {})  # nothing recorded where the service was built: its own copy
+    other = _model(tmp_path / "other", b"weights-of-another-cpu")
+    for path, said in ((other, f"digest {model_digest(other)[:16]}"), (tmp_path / "none", "no trained model there")):
+        with pytest.raises(CtrlgenError, match="not the model the service was built with") as err:
+            check_models(cfg.model_copy(update={"ner_model": str(path)}), expected)
+        assert f"extraction.ner_model: this node's {path}" in str(err.value) and said in str(err.value)
+        assert expected["ner_model"][:16] in str(err.value)
+
+
+def test_a_serve_extractor_replica_refuses_models_other_than_the_builders(tmp_path):
+    """The Serve ``Extractor`` checks before loading anything: a replica on a node that trained other weights does
+    not start (Serve cannot ship files to a declaratively deployed app's replicas)."""
+    from ctrlgen.config import CtrlgenConfig
+    from serve.deployments import Extractor
+
+    node = _model(tmp_path / "node", b"weights-of-another-cpu")
+    cfg = CtrlgenConfig.model_validate({"extraction": {"ner_model": str(node)}})
+    built = "0" * 64
+    with pytest.raises(CtrlgenError, match="not the model the service was built with"):
+        Extractor.func_or_class(cfg.model_dump_json(), {"ner_model": built})
