@@ -75,7 +75,7 @@ def model_files(path: str | Path) -> dict[str, bytes]:
 def unpack_model(files: dict[str, bytes], digest: str, root: Path) -> Path:
     """The model of ``files`` (:func:`model_files`) as a directory under ``root``, named by ``digest`` (its
     :func:`~ctrlgen.extract.ner.model_digest`): written once per machine and reused (several actors of a node may
-    write it at once: each writes its own copy and the first rename wins). A :class:`CtrlgenError` when the files
+    write it at once: each writes its own copy, and one finding a good copy already there keeps it). A :class:`CtrlgenError` when the files
     do not have that digest or a name leaves the directory."""
     dest = root / f"model-{digest[:32]}"
     if (dest / META_FILE).is_file() and model_digest(dest) == digest:
@@ -93,6 +93,8 @@ def unpack_model(files: dict[str, bytes], digest: str, root: Path) -> Path:
         got = model_digest(tmp)
         if got != digest:
             raise CtrlgenError(f"the shipped model's files have digest {got[:16]}, not the driver's {digest[:16]}")
+        if (dest / META_FILE).is_file() and model_digest(dest) == digest:  # another actor of this node was first
+            return dest  # (kept as it is: that actor may be loading it)
         if dest.exists():  # a stale or partial copy (its digest differs): replaced
             shutil.rmtree(dest, ignore_errors=True)
         try:

@@ -130,3 +130,30 @@ def test_a_serve_extractor_replica_refuses_models_other_than_the_builders(tmp_pa
     built = "0" * 64
     with pytest.raises(CtrlgenError, match="not the model the service was built with"):
         Extractor.func_or_class(cfg.model_dump_json(), {"ner_model": built})
+
+
+def test_a_good_copy_another_actor_wrote_meanwhile_is_kept(tmp_path, monkeypatch):
+    """Two actors of one node unpack at once: the second, finding the first's copy complete once its own is
+    written, keeps that copy (the first may be loading it) and drops its own."""
+    import ctrlgen.extract.shipping as shipping
+
+    src = _model(tmp_path / "src")
+    cache = tmp_path / "cache"
+    first = unpack_model(model_files(src), model_digest(src), tmp_path / "other")
+    dest = cache / first.name
+    real = shipping.model_digest
+    calls = []
+
+    def digest_then_race(path):  # the first check finds nothing; meanwhile the other actor renames its copy
+        calls.append(path)
+        if len(calls) == 1 and not dest.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            os.rename(first, dest)
+        return real(path)
+
+    stamp = (first / "ner" / "model").stat().st_ino  # a rename keeps it
+    monkeypatch.setattr(shipping, "model_digest", digest_then_race)
+    got = unpack_model(model_files(src), model_digest(src), cache)
+    assert got == dest and real(dest) == real(src)
+    assert (dest / "ner" / "model").stat().st_ino == stamp  # the other actor's files, not replaced
+    assert [p.name for p in cache.iterdir()] == [dest.name]  # its own copy removed
