@@ -157,3 +157,12 @@ def test_a_good_copy_another_actor_wrote_meanwhile_is_kept(tmp_path, monkeypatch
     assert got == dest and real(dest) == real(src)
     assert (dest / "ner" / "model").stat().st_ino == stamp  # the other actor's files, not replaced
     assert [p.name for p in cache.iterdir()] == [dest.name]  # its own copy removed
+
+
+def test_the_modules_example_runs():
+    import doctest
+
+    import ctrlgen.extract.shipping as shipping
+
+    result = doctest.testmod(shipping)
+    assert result.attempted > 0 and result.failed == 0
