@@ -82,10 +82,14 @@ def ship_models(cfg: CtrlgenConfig) -> dict[str, tuple[str, Any]]:
     each one's digest and its files put in the object store once (``ExtractActor``'s ``models``)."""
     import ray
 
-    from ctrlgen.extract.ner import model_digest
+    from ctrlgen.extract.ner import files_digest
     from ctrlgen.extract.shipping import model_files, trained_models
 
-    return {f: (model_digest(p), ray.put(model_files(p))) for f, p in trained_models(cfg.extraction).items()}
+    shipped = {}
+    for setting, path in trained_models(cfg.extraction).items():
+        files = model_files(path)  # read once: hashed and put
+        shipped[setting] = (files_digest(files), ray.put(files))
+    return shipped
 
 
 def _drivers_models(cfg: CtrlgenConfig, models: dict[str, tuple[str, Any]]) -> CtrlgenConfig:

@@ -25,7 +25,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,13 +209,27 @@ class NerTrainResult:
 
 def model_digest(path: str | Path) -> str:
     """SHA-256 over a saved pipeline's files (relative name and bytes, in name order), its metadata file excepted."""
+    root = Path(path)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != META_FILE)
+    return _digest((f.relative_to(root).as_posix(), f.read_bytes()) for f in files)
+
+
+def files_digest(files: dict[str, bytes]) -> str:
+    """:func:`model_digest` of a model's files already read (relative POSIX name -> bytes), without reading them
+    again."""
+    from pathlib import PurePosixPath
+
+    names = sorted((n for n in files if PurePosixPath(n).name != META_FILE), key=PurePosixPath)
+    return _digest((n, files[n]) for n in names)
+
+
+def _digest(files: Iterable[tuple[str, bytes]]) -> str:
     import hashlib
 
-    root = Path(path)
     h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file() and p.name != META_FILE):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0")
-        h.update(f.read_bytes())
+    for name, data in files:
+        h.update(name.encode() + b"\0")
+        h.update(data)
     return h.hexdigest()
 
 

@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 
 from ctrlgen.config import ExtractionConfig
 from ctrlgen.errors import CtrlgenError
-from ctrlgen.extract.ner import META_FILE, model_digest
+from ctrlgen.extract.ner import META_FILE, files_digest, model_digest
 
 __all__ = ["MODEL_FIELDS", "check_models", "model_digests", "model_files", "resolve_model", "trained_models",
            "unpack_model"]  # fmt: skip
@@ -52,12 +52,17 @@ def model_digests(cfg: ExtractionConfig) -> dict[str, str]:
     return {f: model_digest(p) for f, p in trained_models(cfg).items()}
 
 
+def _trained_digest(path: str | Path) -> str:
+    """:func:`~ctrlgen.extract.ner.model_digest` of the trained model at ``path``; "" when none is there."""
+    return model_digest(path) if (Path(path) / META_FILE).is_file() else ""
+
+
 def check_models(cfg: ExtractionConfig, expected: dict[str, str]) -> None:
     """A :class:`CtrlgenError` when this machine's copy of a model ``cfg`` names has not the digest in ``expected``
     (:func:`model_digests` where the service was built): a replica that would find other spans than the others."""
     for setting, digest in expected.items():
         path = Path(getattr(cfg, setting) or "")
-        found = model_digest(path) if (path / META_FILE).is_file() else ""
+        found = _trained_digest(path)
         if found != digest:
             raise CtrlgenError(
                 f"extraction.{setting}: this node's {path} is not the model the service was built with "
@@ -75,32 +80,33 @@ def model_files(path: str | Path) -> dict[str, bytes]:
 def unpack_model(files: dict[str, bytes], digest: str, root: Path) -> Path:
     """The model of ``files`` (:func:`model_files`) as a directory under ``root``, named by ``digest`` (its
     :func:`~ctrlgen.extract.ner.model_digest`): written once per machine and reused (several actors of a node may
-    write it at once: each writes its own copy, and one finding a good copy already there keeps it). A :class:`CtrlgenError` when the files
-    do not have that digest or a name leaves the directory."""
+    write it at once: each writes its own copy, and one finding a good copy already there keeps it). A
+    :class:`CtrlgenError` when the files do not have that digest or a name leaves the directory."""
     dest = root / f"model-{digest[:32]}"
-    if (dest / META_FILE).is_file() and model_digest(dest) == digest:
+    if _trained_digest(dest) == digest:
         return dest
     root.mkdir(parents=True, exist_ok=True)
+    for name in files:
+        rel = PurePosixPath(name)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            raise CtrlgenError(f"a shipped model file has a name outside its directory: {name!r}")
+    got = files_digest(files)
+    if got != digest:
+        raise CtrlgenError(f"the shipped model's files have digest {got[:16]}, not the driver's {digest[:16]}")
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".incoming-"))
     try:
         for name, data in files.items():
-            rel = PurePosixPath(name)
-            if rel.is_absolute() or ".." in rel.parts or not rel.parts:
-                raise CtrlgenError(f"a shipped model file has a name outside its directory: {name!r}")
-            out = tmp.joinpath(*rel.parts)
+            out = tmp.joinpath(*PurePosixPath(name).parts)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(data)
-        got = model_digest(tmp)
-        if got != digest:
-            raise CtrlgenError(f"the shipped model's files have digest {got[:16]}, not the driver's {digest[:16]}")
-        if (dest / META_FILE).is_file() and model_digest(dest) == digest:  # another actor of this node was first
+        if _trained_digest(dest) == digest:  # another actor of this node was first
             return dest  # (kept as it is: that actor may be loading it)
         if dest.exists():  # a stale or partial copy (its digest differs): replaced
             shutil.rmtree(dest, ignore_errors=True)
         try:
             os.rename(tmp, dest)
         except OSError:  # another actor of this node renamed its copy first
-            if not ((dest / META_FILE).is_file() and model_digest(dest) == digest):
+            if _trained_digest(dest) != digest:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -111,10 +117,10 @@ def resolve_model(path: str, digest: str, fetch: Callable[[], dict[str, bytes]],
     """The directory to load for a model the driver loads from ``path`` with ``digest``: ``path`` itself when this
     machine's copy there has that digest, else the driver's copy, its files got by calling ``fetch()`` and unpacked
     under ``root``. Also a line for the actor's log saying which (names and digests only), "" when ``path`` is used."""
-    local = Path(path)
-    if (local / META_FILE).is_file() and model_digest(local) == digest:
+    local = _trained_digest(path)
+    if local == digest:
         return path, ""
-    found = f"digest {model_digest(local)[:16]}" if (local / META_FILE).is_file() else "no trained model there"
+    found = f"digest {local[:16]}" if local else "no trained model there"
     dest = unpack_model(fetch(), digest, root)
     return str(dest), (
         f"this node's {path} is not the driver's model ({found}; the driver's {digest[:16]}): loading the driver's "

@@ -1,6 +1,8 @@
 """A job's extraction models shipped from its driver to actors whose node holds another copy (ctrlgen.extract.shipping)."""
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -141,18 +143,17 @@ def test_a_good_copy_another_actor_wrote_meanwhile_is_kept(tmp_path, monkeypatch
     cache = tmp_path / "cache"
     first = unpack_model(model_files(src), model_digest(src), tmp_path / "other")
     dest = cache / first.name
-    real = shipping.model_digest
-    calls = []
+    real = model_digest
+    checked = shipping.files_digest
 
-    def digest_then_race(path):  # the first check finds nothing; meanwhile the other actor renames its copy
-        calls.append(path)
-        if len(calls) == 1 and not dest.exists():
+    def digest_then_race(files):  # the first check found nothing; meanwhile the other actor renames its copy
+        if not dest.exists():
             cache.mkdir(parents=True, exist_ok=True)
             os.rename(first, dest)
-        return real(path)
+        return checked(files)
 
     stamp = (first / "ner" / "model").stat().st_ino  # a rename keeps it
-    monkeypatch.setattr(shipping, "model_digest", digest_then_race)
+    monkeypatch.setattr(shipping, "files_digest", digest_then_race)
     got = unpack_model(model_files(src), model_digest(src), cache)
     assert got == dest and real(dest) == real(src)
     assert (dest / "ner" / "model").stat().st_ino == stamp  # the other actor's files, not replaced
@@ -166,3 +167,21 @@ def test_the_modules_example_runs():
 
     result = doctest.testmod(shipping)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_digest_of_files_read_is_the_digest_of_the_directory(tmp_path):
+    """ner.files_digest (the driver hashes the files it ships, read once) is ner.model_digest, whatever the names'
+    order ("a.b" sorts before "a/b" as text, after it as a path)."""
+    from ctrlgen.extract.ner import files_digest
+
+    src = _model(tmp_path / "src")
+    (src / "a").mkdir()
+    (src / "a" / "b").write_bytes(b"1")
+    (src / "a.b").write_bytes(b"2")
+    files = model_files(src)
+    assert files_digest(files) == model_digest(src)
+    assert files_digest(dict(reversed(list(files.items())))) == model_digest(src)
+    for real in (".cache/ner/physionet-deid", ".cache/ner/physionet-deid-transformer"):  # the models make setup trains
+        if (Path(real) / META_FILE).is_file():
+            recorded = json.loads((Path(real) / META_FILE).read_text())["weights_sha256"]
+            assert files_digest(model_files(real)) == model_digest(real) == recorded
