@@ -26,9 +26,10 @@ $(STAMP): pyproject.toml requirements.lock Makefile
 # trained once on the PhysioNet deid notes beside the repository and kept under .cache/ner; each is retrained
 # only when its training settings change (`ctrlgen train-ner` compares a key of data and settings, and says
 # "already trained" otherwise): the spaCy NER (configs/extract_physionet_ner.yaml, ~3 min here) and the
-# transformer tagger that vetoes the engine's spans (configs/extract_physionet_transformer.yaml, ~17 min on 2
-# cores; its weights' SHA-256 is written to its ctrlgen_ner.json). A clone without ../shared skips both: the
-# demo and the tests of a clone on its own do not need them.
+# transformer tagger that vetoes the engine's spans (configs/extract_physionet_transformer.yaml, ~19 min on 2
+# cores, on pinned numerics: AVX2 kernels, MKL's reproducible branch, 2 threads; its weights' SHA-256 is written to
+# its ctrlgen_ner.json). A clone without ../shared skips both: the demo and the tests of a clone on its own do not
+# need them.
 NER := .cache/ner/physionet-deid/ctrlgen_ner.json
 TAGGER := .cache/ner/physionet-deid-transformer/ctrlgen_ner.json
 PHYSIONET := ../shared/data/physionet-deid

@@ -291,6 +291,15 @@ class NerTrainingConfig(_Model):
         "check passes (when every attempt stalls: in ctrlgen_ner_stalled.json, and the directory is no model). "
         "0: no check.",
     )
+    numerics: Literal["native", "pinned"] = Field(
+        "native",
+        description="kind transformer: the training's arithmetic. native: torch's kernels for this CPU (AVX-512 or "
+        "AVX2 loops, MKL's and oneDNN's code paths) on its cores' threads: another CPU or core count trains another "
+        "tagger. pinned: torch's and oneDNN's kernels at AVX2, MKL's products on its reproducible AVX2 branch, 2 "
+        "threads, in a fresh process (ctrlgen.extract.transformer_ner.pinned_torch_env): one tagger whatever the "
+        "cores, on the Intel CPUs measured (AVX-512 or AVX2); emulated AMD CPUs train another one (docs/benchmarks.md, "
+        "the veto tagger's weights across CPUs).",
+    )
     fit_retries: int = Field(2, ge=0, le=10, description="kind transformer: trainings from the next seeds after a stall.")
     fit_sample: int = Field(
         64, ge=1, description="kind transformer: training notes with spans (seeded) the stall check tags."

@@ -34,6 +34,7 @@ from ctrlgen.extract.ner import (
     train_ner,
 )
 from ctrlgen.extract.rules import BarSelection, RuleSelection
+from ctrlgen.extract.transformer_ner import PINNED_THREADS, TORCH_NUMERICS, pinned_torch_env
 from ctrlgen.schema import Document
 
 __all__ = [
@@ -79,7 +80,7 @@ def ner_model_dir(cache: Path, docs: Sequence[Document], how: NerTrainingConfig,
     skip = {"folds", "workers", "data"} | ({"width", "depth"} if how.width is None else set())
     if how.kind == "spacy":  # a spaCy NER keeps the key it had before the transformer's settings existed
         skip |= {"kind", "encoder", "learning_rate", "batch_size", "max_length", "stride", "case_features", "bf16",
-                 "min_fit_recall", "fit_retries", "fit_sample"}
+                 "min_fit_recall", "fit_retries", "fit_sample", "numerics"}
     else:
         skip |= {"dropout", "width", "depth", "average_params"}
         if not how.case_features:  # a tagger without them keeps the key it had before they existed
@@ -88,9 +89,13 @@ def ner_model_dir(cache: Path, docs: Sequence[Document], how: NerTrainingConfig,
             skip.add("bf16")
         if how.min_fit_recall == 0:  # nor one without the stall check (what was trained before it existed)
             skip |= {"min_fit_recall", "fit_retries", "fit_sample"}
+        if how.numerics == "native":  # nor one on this CPU's own kernels (what was trained before the pin)
+            skip.add("numerics")
     key: list[Any] = [sorted(d.doc_id for d in docs), how.model_dump(exclude=skip), base_model]
     if how.kind == "spacy":  # a model trained on other kernels (BLIS's per-CPU choice) is not this one
         key.append(NUMERICS)
+    elif how.numerics == "pinned":
+        key.append(TORCH_NUMERICS)
     h = hashlib.sha256(json.dumps(key, sort_keys=True).encode())
     return cache / f"{name}-{h.hexdigest()[:12]}"
 
@@ -106,7 +111,7 @@ def _train(job: TrainJob) -> NerTrainResult:
             h.negatives, pools, h.augment_share, job.trained_on,
             log=lambda m: print(f"train-ner [{tag}]: {m}", file=sys.stderr, flush=True), threads=job.threads,
             case_features=h.case_features, bf16=h.bf16, min_fit_recall=h.min_fit_recall, fit_retries=h.fit_retries,
-            fit_sample=h.fit_sample,
+            fit_sample=h.fit_sample, numerics=h.numerics,
         )  # fmt: skip
     return train_ner(job.docs, job.out, job.base_model, h.epochs, h.seed, h.dropout, h.negatives, pools,
                      h.augment_share, job.trained_on,
@@ -120,10 +125,18 @@ def train_cached(jobs: list[TrainJob], workers: int) -> list[str]:
     spaCy NERs train in fresh processes started with :func:`~ctrlgen.extract.ner.pinned_blas_env` (OpenBLAS reads
     its kernels and thread count when numpy loads), the configured NER and the cross-validation's fold models alike,
     so that both are trained the same way (the same weights on one CPU, and on CPUs measured alike: docs/benchmarks.md,
-    the NER's weights across CPUs)."""
+    the NER's weights across CPUs). Transformer taggers with ``numerics: pinned`` train likewise in fresh processes
+    started with :func:`~ctrlgen.extract.transformer_ner.pinned_torch_env`, each on
+    :data:`~ctrlgen.extract.transformer_ner.PINNED_THREADS` threads (as many side by side as the cores hold them)."""
     todo = [j for j in jobs if not (j.out / META_FILE).is_file()]
-    spacy = [j for j in todo if j.how.kind == "spacy"]
-    for group, env in ((spacy, pinned_blas_env()), ([j for j in todo if j.how.kind != "spacy"], {})):
+    tagger = [j for j in todo if j.how.kind == "transformer"]
+    pinned = [dataclasses.replace(j, threads=PINNED_THREADS) for j in tagger if j.how.numerics == "pinned"]
+    groups: list[tuple[list[TrainJob], dict[str, str]]] = [
+        ([j for j in todo if j.how.kind == "spacy"], pinned_blas_env()),
+        ([j for j in tagger if j.how.numerics != "pinned"], {}),
+        (pinned, pinned_torch_env()),
+    ]
+    for group, env in groups:
         if group:
             _train_all(group, workers, env)
     return [str(j.out) for j in jobs]
@@ -131,6 +144,8 @@ def train_cached(jobs: list[TrainJob], workers: int) -> list[str]:
 
 def _train_all(todo: list[TrainJob], workers: int, env: dict[str, str]) -> None:
     n = min(workers, len(todo)) if workers > 1 else 1
+    if todo[0].threads:  # jobs on a set thread count (pinned numerics): no more side by side than the cores hold
+        n = max(1, min(n, (os.cpu_count() or 1) // todo[0].threads))
     fresh = any(os.environ.get(k) != v for k, v in env.items())  # this process did not start with it
     if n == 1 and not fresh:  # in this process: a transformer's training takes every core whatever torch's threads
         for job in todo:

@@ -61,19 +61,30 @@ def train_configured_ner(
     train_cached([job], 1)  # in a fresh process with the pinned BLAS environment (spaCy NERs)
     res = json.loads(meta_path.read_text())
     kernels = ", ".join(f"{b['internal_api']} {b['architecture']}" for b in res["blas"]) or "BLAS unknown"
-    same = compare_to_recorded(res["trained_on"].get("key", ""), res["weights_sha256"])
+    kernels += " kernels"
+    recorded, section = RECORDED, "the clinical NER's weights across CPUs"
+    if ex.ner_training.kind == "transformer":
+        t = res["trained_on"]
+        kernels = (f"torch's {t.get('torch_cpu_capability', '?')} kernels on {t.get('torch_threads', '?')} threads, "
+                   f"numerics {t.get('numerics', 'native')},")  # fmt: skip
+        recorded, section = RECORDED_TAGGER, "the veto tagger's weights across CPUs"
+    same = compare_to_recorded(res["trained_on"].get("key", ""), res["weights_sha256"], recorded, section)
     return (f"train-ner: NER trained on {res['documents']} documents ({res['spans']} spans), {res['epochs']} epochs, "
             f"seed {res['seed']}, in {res['seconds']:.0f} s -> {out}; weights sha256 {res['weights_sha256']} "
-            f"({kernels} kernels on {res.get('cpu') or 'an unrecorded CPU'}){'; ' + same if same else ''}")  # fmt: skip
+            f"({kernels} on {res.get('cpu') or 'an unrecorded CPU'}){'; ' + same if same else ''}")  # fmt: skip
 
 
 #: the configured NER's hash on each CPU benchmarks/ner_kernels.py ran on (absent from an installed package)
 RECORDED = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "ner_kernels.json"
+#: the veto tagger's (configs/extract_physionet_transformer.yaml) hash on each CPU benchmarks/tagger_kernels.py ran on
+RECORDED_TAGGER = RECORDED.with_name("tagger_kernels.json")
 
 
-def compare_to_recorded(key: str, sha256: str, recorded: Path = RECORDED) -> str:
+def compare_to_recorded(key: str, sha256: str, recorded: Path = RECORDED,
+                        section: str = "the clinical NER's weights across CPUs") -> str:
     """Whether a model just trained has the weights recorded for the same training (its cache ``key``) on other
-    CPUs by benchmarks/ner_kernels.py: "" when none is recorded for that key."""
+    CPUs by benchmarks/ner_kernels.py (a tagger: benchmarks/tagger_kernels.py, ``recorded``; ``section``: where
+    docs/benchmarks.md shows them): "" when none is recorded for that key."""
     try:
         machines = json.loads(recorded.read_text())["machines"]
     except (OSError, ValueError, KeyError):
@@ -90,7 +101,7 @@ def compare_to_recorded(key: str, sha256: str, recorded: Path = RECORDED) -> str
     if other:
         parts.append(
             f"NOT the weights recorded on {', '.join(other)} (the same training on another CPU: "
-            "docs/benchmarks.md, the clinical NER's weights across CPUs)"
+            f"docs/benchmarks.md, {section})"
         )
     return f"{' and '.join(parts)} ({recorded.name})" if parts else ""
 

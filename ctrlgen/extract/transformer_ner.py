@@ -29,6 +29,7 @@ import bisect
 import contextlib
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -47,6 +48,8 @@ __all__ = [
     "CASE_FILE",
     "COMPONENT",
     "DTYPES",
+    "PINNED_THREADS",
+    "TORCH_NUMERICS",
     "TransformerTagger",
     "Window",
     "case_ids",
@@ -54,6 +57,7 @@ __all__ = [
     "fit_notes",
     "fit_recall",
     "load_pipeline",
+    "pinned_torch_env",
     "span_p_outside",
     "span_windows",
     "spans_apart",
@@ -80,6 +84,40 @@ CASE_FILE = "ctrlgen_case_embedding.safetensors"
 #: a training whose every attempt stalled (``min_fit_recall``): its attempts, written where a finished training's
 #: metadata (META_FILE, which marks a model as trained) would be
 STALLED_FILE = "ctrlgen_ner_stalled.json"
+
+#: The torch threads of a training with pinned numerics (``ner_training.numerics: pinned``), whatever the cores
+#: (a sum split over another count of threads ends in other last bits: another tagger)
+PINNED_THREADS = 2
+#: The pinned numerics, as a training's key and metadata name them: torch's own kernels at AVX2 (ATen's dispatch,
+#: oneDNN's), MKL's products on its reproducible AVX2 branch (conditional numerical reproducibility), 2 threads
+TORCH_NUMERICS = f"torch avx2, mkl cbwr avx2, {PINNED_THREADS} threads"
+
+
+def pinned_torch_env() -> dict[str, str]:
+    """The environment a tagger with pinned numerics trains in: read when torch and MKL load, so set in the fresh
+    process that trains (``crossval.train_cached``), with the torch threads set to :data:`PINNED_THREADS`.
+
+    Across machines torch chooses its kernels per CPU (AVX-512 or AVX2 loops, MKL's and oneDNN's code paths, which
+    also block their products by the CPU's caches) and splits sums over the machine's cores: each of these trains
+    another tagger (benchmarks/tagger_kernels.py). Pinned:
+
+    - ``ATEN_CPU_CAPABILITY=avx2``: ATen's vectorized loops (softmax, layer norm, GELU, AdamW's updates) at AVX2;
+    - ``MKL_CBWR=AVX2``: MKL's matrix products on its AVX2 branch in conditional-numerical-reproducibility mode
+      (fixed cache sizes, deterministic reductions, static scheduling), which MKL documents as the same results on
+      every Intel CPU with AVX2 for a fixed thread count;
+    - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's kernels at AVX2;
+    - ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``: :data:`PINNED_THREADS`.
+
+    Measured (docs/benchmarks.md, the veto tagger's weights across CPUs): one tagger whatever the cores or thread
+    settings, and an AVX-512 Intel CPU trains the weights of an (emulated) AVX2 Intel one; emulated AMD CPUs train
+    another tagger, one for both AMD models (MKL takes its own code path on them whatever the branch asked).
+
+    >>> sorted(pinned_torch_env())
+    ['ATEN_CPU_CAPABILITY', 'MKL_CBWR', 'MKL_NUM_THREADS', 'OMP_NUM_THREADS', 'ONEDNN_MAX_CPU_ISA']
+    """
+    threads = str(PINNED_THREADS)
+    return {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -564,6 +602,7 @@ def train_transformer_ner(
     min_fit_recall: float = 0.0,
     fit_retries: int = 0,
     fit_sample: int = 64,
+    numerics: str = "native",
 ) -> NerTrainResult:
     """Fine-tune ``encoder`` for BIO tagging of ``docs``' entities; save the checkpoint to ``out_dir``.
 
@@ -581,17 +620,34 @@ def train_transformer_ner(
     passed (it marks the directory a trained model: ``crossval.train_cached``), records every attempt
     (``trained_on.fit``). When every attempt stalls, they go to :data:`STALLED_FILE` and no metadata is written.
 
+    ``numerics``: ``native`` (torch's kernels and thread count for this CPU: ``threads``, 0 for torch's default) or
+    ``pinned`` (:func:`pinned_torch_env`, which must be this process' environment from before torch loaded, and
+    :data:`PINNED_THREADS` threads). The metadata records them and the kernels torch ran (``torch_cpu_capability``).
+
     Raises:
-        CtrlgenError: no training document has an entity; or every attempt ended under ``min_fit_recall``.
+        CtrlgenError: no training document has an entity; or every attempt ended under ``min_fit_recall``; or
+            ``numerics`` is ``pinned`` in an environment that is not :func:`pinned_torch_env`'s.
     """
     from ctrlgen.assets import offline_env, sentence_encoder_dir
 
+    if numerics == "pinned":
+        wrong = sorted(k for k, v in pinned_torch_env().items() if os.environ.get(k) != v)
+        if wrong:
+            raise CtrlgenError(
+                f"the tagger's pinned numerics need {', '.join(wrong)} set as pinned_torch_env() sets them before "
+                "torch loads (ctrlgen.extract.crossval.train_cached trains in such a fresh process)"
+            )
+        threads = PINNED_THREADS
     offline_env()
     import torch
     from transformers import AutoTokenizer
 
     say = log or (lambda m: print(f"train-ner: {m}", file=sys.stderr, flush=True))
     _threads(threads)
+    capability = torch.backends.cpu.get_cpu_capability()
+    if numerics == "pinned" and capability != "AVX2":
+        say(f"this CPU runs torch's {capability} kernels, not the pinned numerics' AVX2 (a CPU without AVX2?): "
+            "its tagger is not the one other installs train")  # fmt: skip
     t0 = time.perf_counter()
     base = sentence_encoder_dir(encoder)
     tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
@@ -621,7 +677,8 @@ def train_transformer_ner(
             surrogates, augment_share, case_features, bf16, say, t0,
         )  # fmt: skip
         _save(out, model, tokenizer, case)
-        info = dict(settings, updates=updates, torch_threads=torch.get_num_threads(),
+        info = dict(settings, updates=updates, torch_threads=torch.get_num_threads(), torch_cpu_capability=capability,
+                    numerics=TORCH_NUMERICS if numerics == "pinned" else "native",
                     architecture=f"{model.config.model_type} token classifier, {model.config.num_hidden_layers} "
                                  f"layers, hidden {model.config.hidden_size}")  # fmt: skip
         if not checked:

@@ -5,6 +5,7 @@ Presidio engine as the NER of ``extraction.ner_model``."""
 import dataclasses
 import hashlib
 import json
+import os
 import random
 from pathlib import Path
 
@@ -322,10 +323,48 @@ def test_cache_keys_of_the_two_kinds() -> None:
     unchecked = ner_model_dir(Path("c"), docs, lax.model_copy(update={"fit_retries": 5}), "m", "n")
     assert unchecked == ner_model_dir(Path("c"), docs, lax, "m", "n")
     before = [sorted(d.doc_id for d in docs), t.model_dump(exclude={"folds", "workers", "data", "dropout", "width",
-              "depth", "average_params", "case_features", "bf16", "min_fit_recall", "fit_retries", "fit_sample"}), "m"]
+              "depth", "average_params", "case_features", "bf16", "min_fit_recall", "fit_retries", "fit_sample",
+              "numerics"}), "m"]
     assert unchecked.name == "n-" + hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:12]
     with pytest.raises(ValueError, match="stride"):
         NerTrainingConfig(kind="transformer", max_length=32, stride=30)
+    # pinned numerics: a tagger's own key (another tagger); native keeps the key it had before the setting existed,
+    # and a spaCy NER's key does not move with it
+    pinned = t.model_copy(update={"numerics": "pinned"})
+    assert ner_model_dir(Path("c"), docs, pinned, "m", "n") != ner_model_dir(Path("c"), docs, t, "m", "n")
+    assert ner_model_dir(Path("c"), docs, NerTrainingConfig(numerics="pinned"), "m", "n") == spacy_a
+    before = [sorted(d.doc_id for d in docs), t.model_dump(exclude={"folds", "workers", "data", "dropout", "width",
+              "depth", "average_params", "case_features", "bf16", "numerics"}), "m"]  # fmt: skip
+    assert ner_model_dir(Path("c"), docs, t, "m", "n").name == (
+        "n-" + hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:12]
+    )
+
+
+def test_pinned_numerics_train_in_a_fresh_pinned_process_and_refuse_any_other(tmp_path, tiny_encoder) -> None:
+    """``numerics: pinned``: train_cached trains the tagger in a fresh process started with pinned_torch_env() on
+    PINNED_THREADS threads; the metadata says so, and a second pinned training gives the same weights. Called in a
+    process whose environment is not the pin's, the training refuses (its weights would not be the pinned ones)."""
+    from ctrlgen.extract.crossval import TrainJob, train_cached
+    from ctrlgen.extract.transformer_ner import PINNED_THREADS, TORCH_NUMERICS, pinned_torch_env
+
+    how = NerTrainingConfig(kind="transformer", encoder=tiny_encoder, epochs=2, learning_rate=1e-3, batch_size=4,
+                            max_length=64, stride=8, min_fit_recall=0.0, numerics="pinned")  # fmt: skip
+    jobs = [TrainJob(_notes(), tmp_path / name, how, "m", None, {"fold": name}) for name in ("a", "b")]
+    train_cached(jobs, workers=2)
+    metas = [json.loads((tmp_path / name / META_FILE).read_text()) for name in ("a", "b")]
+    for meta in metas:
+        t = meta["trained_on"]
+        assert (t["numerics"], t["torch_cpu_capability"], t["torch_threads"]) == (TORCH_NUMERICS, "AVX2", PINNED_THREADS)
+    assert metas[0]["weights_sha256"] == metas[1]["weights_sha256"]
+    # native numerics in this process: other kernels (this CPU's, its threads), recorded as native
+    train_transformer_ner(_notes(), tmp_path / "n", tiny_encoder, epochs=2, learning_rate=1e-3,
+                                   batch_size=4, max_length=64, stride=8, log=lambda m: None, threads=1)  # fmt: skip
+    assert json.loads((tmp_path / "n" / META_FILE).read_text())["trained_on"]["numerics"] == "native"
+    if any(os.environ.get(k) != v for k, v in pinned_torch_env().items()):
+        with pytest.raises(CtrlgenError, match="ATEN_CPU_CAPABILITY.*pinned_torch_env"):
+            train_transformer_ner(_notes(), tmp_path / "x", tiny_encoder, epochs=1, numerics="pinned",
+                                  log=lambda m: None)  # fmt: skip
+        assert not (tmp_path / "x" / META_FILE).exists()
 
 
 def test_the_report_scores_the_transformer_beside_the_spacy_ner(tmp_path, shared, tiny_encoder, monkeypatch) -> None:
@@ -421,6 +460,45 @@ def test_the_report_lists_the_bars_each_fold_chose_and_says_so_in_its_head() -> 
     assert "ner_veto_context" not in head
     local = ex.model_copy(update={"ner_union_p_outside": None, "ner_veto_context": 16})
     assert "only each span's word pieces and 16 pieces each side" in _veto_text(CtrlgenConfig(extraction=local))
+
+
+def test_the_report_head_says_on_which_numerics_the_veto_taggers_trained_and_what_was_recorded(
+    tmp_path, monkeypatch
+) -> None:
+    from ctrlgen.cli import _veto_numerics
+    from ctrlgen.config import CtrlgenConfig
+    from ctrlgen.extract import ner_setup
+
+    veto = tmp_path / "tagger"
+    veto.mkdir()
+    trained_on = {"key": "k-1", "numerics": "torch avx2, mkl cbwr avx2, 2 threads", "torch_cpu_capability": "AVX2",
+                  "torch_threads": 2}  # fmt: skip
+    (veto / META_FILE).write_text(json.dumps({"weights_sha256": "ab" * 32, "cpu": "CPU A", "trained_on": trained_on}))
+    rows = [{"numerics": "native", "sha256": h} for h in ("n1", "n1", "n2")]
+    rows += [{"numerics": "pinned", "sha256": "p1"} for _ in range(3)]
+    emulated = [{"model": m, "numerics": n, "sha256": h} for m, n, h in
+                [("", "native", "t1"), ("", "pinned", "tp"), ("Haswell-v4", "native", "tp"), ("Haswell-v4", "pinned", "tp")]]  # fmt: skip
+    record = {"machines": {"CPU A": {"configured": {"key": "k-1", "sha256": "ab" * 32},
+                                     "reduced": {"rows": rows, "emulated": emulated}},
+                           "CPU B": {"configured": {"key": "k-1", "sha256": "cd" * 32}}}}  # fmt: skip
+    recorded = tmp_path / "tagger_kernels.json"
+    recorded.write_text(json.dumps(record))
+    monkeypatch.setattr(ner_setup, "RECORDED_TAGGER", recorded)
+    ex = ExtractionConfig(setting="unknown", ner_veto=str(veto), ner_veto_training=NerTrainingConfig(kind="transformer"))
+    text = _veto_numerics([CtrlgenConfig(), CtrlgenConfig(extraction=ex)])
+    assert "trained on pinned numerics (torch avx2, mkl cbwr avx2, 2 threads), torch's AVX2 kernels on 2 threads" in text
+    assert f"`{'ab' * 8}`" in text and "the weights recorded on CPU A" in text and "NOT the weights recorded on CPU B" in text
+    assert "2 distinct weights over 3 native runs (threads and kernels set otherwise), 1 over 3 pinned ones" in text
+    assert "tiny encoder's native training there and under qemu-user's CPU models, grouped by weights: that CPU | " \
+           "Haswell-v4; a tiny encoder's pinned training there and under qemu-user's CPU models, grouped by " \
+           "weights: that CPU, Haswell-v4." in text  # fmt: skip
+    assert "fold and inner taggers" in text and "not a range over set-ups" in text  # their training is native
+    pinned_folds = ex.model_copy(update={"ner_veto_training": NerTrainingConfig(kind="transformer", numerics="pinned")})
+    assert "fold and inner taggers" not in _veto_numerics([CtrlgenConfig(extraction=pinned_folds)])
+    # no veto, or an untrained one: nothing to say
+    assert _veto_numerics([CtrlgenConfig()]) == ""
+    untrained = ex.model_copy(update={"ner_veto": str(tmp_path / "none")})
+    assert _veto_numerics([CtrlgenConfig(extraction=untrained)]) == ""
 
 
 @pytest.mark.parametrize("seed", range(5))
