@@ -21,6 +21,7 @@ ORDER: list[tuple[str, list[str]]] = [
                     "Entity extraction: the transformer NER's training length",
                     "Entity extraction: word-shape features for the uncased transformer NER",
                     "Entity extraction: the clinical NER's weights across CPUs",
+                    "Entity extraction: the veto tagger's weights across CPUs",
                     "Entity extraction: a learned span filter after the engine",
                     "Entity extraction: a learned span filter after the transformer engine",
                     "Entity extraction: the transformer span filter, inner taggers trained for the outer tagger's steps",

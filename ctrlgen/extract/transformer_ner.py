@@ -108,9 +108,9 @@ def pinned_torch_env() -> dict[str, str]:
     - ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's kernels at AVX2;
     - ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``: :data:`PINNED_THREADS`.
 
-    Measured (docs/benchmarks.md, the veto tagger's weights across CPUs): one tagger whatever the cores or thread
-    settings, and an AVX-512 Intel CPU trains the weights of an (emulated) AVX2 Intel one; emulated AMD CPUs train
-    another tagger, one for both AMD models (MKL takes its own code path on them whatever the branch asked).
+    Measured (docs/benchmarks.md, the veto tagger's weights across CPUs): one tagger whatever the cores given, and
+    an AVX-512 Intel CPU trains the weights of an (emulated) AVX2 Intel one; emulated AMD CPUs train another
+    tagger, one for both AMD models (MKL takes its own code path on them whatever the branch asked).
 
     >>> sorted(pinned_torch_env())
     ['ATEN_CPU_CAPABILITY', 'MKL_CBWR', 'MKL_NUM_THREADS', 'OMP_NUM_THREADS', 'ONEDNN_MAX_CPU_ISA']
