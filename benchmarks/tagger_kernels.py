@@ -208,8 +208,11 @@ def configured() -> dict[str, Any]:
 
 
 def _commit() -> str:
+    """HEAD's short hash, and whether the tree had changes to tracked files (then the run's code is not HEAD's)."""
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip() or "?"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()  # fmt: skip
+    return (out.stdout.strip() or "?") + (" with uncommitted changes" if dirty else "")
 
 
 def _groups(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
