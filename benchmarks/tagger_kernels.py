@@ -50,6 +50,8 @@ sys.path.insert(0, str(ROOT))
 
 from _report import publish  # noqa: E402
 
+from ctrlgen.extract.ner_setup import weight_groups  # noqa: E402
+
 JSON = ROOT / "docs" / "benchmarks" / "tagger_kernels.json"
 TITLE = "Entity extraction: the veto tagger's weights across CPUs"
 CONFIG = "configs/extract_physionet_transformer.yaml"
@@ -215,11 +217,8 @@ def _commit() -> str:
     return (out.stdout.strip() or "?") + (" with uncommitted changes" if dirty else "")
 
 
-def _groups(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
-    by: dict[str, list[str]] = {}
-    for r in rows:
-        by.setdefault(r["sha256"], []).append(r["name"])
-    return by
+def _name(row: dict[str, Any]) -> str:
+    return str(row["name"])
 
 
 def report(r: dict[str, Any]) -> str:
@@ -246,9 +245,9 @@ def report(r: dict[str, Any]) -> str:
         changed = [x["name"] for x in native[2:] if x["sha256"] != native[0]["sha256"]]
         kept = [x["name"] for x in native[2:] if x["sha256"] == native[0]["sha256"]]
         lines += ["", f"Native: trained twice, {'the same' if native[0]['sha256'] == native[1]['sha256'] else 'OTHER'} "
-                  f"weights; {len(_groups(native))} distinct weights over {len(native)} runs. Other weights with: "
+                  f"weights; {len(weight_groups(native, _name))} distinct weights over {len(native)} runs. Other weights with: "
                   f"{', '.join(changed) or 'none'}" + (f"; the same with: {', '.join(kept)}" if kept else "") + ". "
-                  f"Pinned: {len(_groups(pinned))} distinct weights over {len(pinned)} runs."]  # fmt: skip
+                  f"Pinned: {len(weight_groups(pinned, _name))} distinct weights over {len(pinned)} runs."]  # fmt: skip
         if red["emulated"]:
             lines += ["", f"A tiny encoder (2 layers, 64 wide, random weights made once; {red['tiny_notes']} notes) "
                       "on this CPU and under qemu-user's CPU models (their CPUID: vendor, family, instruction sets; "
@@ -257,7 +256,7 @@ def report(r: dict[str, Any]) -> str:
             for variant in dict.fromkeys(e["variant"] for e in red["emulated"]):
                 runs = [dict(e, name=f"qemu `{e['model']}`" if e["model"] else "this CPU")
                         for e in red["emulated"] if e["variant"] == variant]  # fmt: skip
-                groups = _groups(runs)
+                groups = weight_groups(runs, _name)
                 where = "; ".join(f"`{h[:8]}`: {', '.join(n)}" for h, n in groups.items())
                 lines.append(f"| {variant} | {len(groups)} | {where} |")
         conf = m.get("configured")

@@ -541,56 +541,6 @@ def _veto_text(cfg: CtrlgenConfig) -> str:
     )
 
 
-def _veto_numerics(cfgs: list[CtrlgenConfig]) -> str:
-    """The report head's sentences on the numerics of the first veto engine's taggers among ``cfgs``: the configured
-    tagger's (its metadata), what benchmarks/tagger_kernels.py recorded for its training, the fold taggers'."""
-    import json
-
-    from ctrlgen.extract.ner import META_FILE
-    from ctrlgen.extract.ner_setup import RECORDED_TAGGER, compare_to_recorded
-
-    ex = next((c.extraction for c in cfgs if c.extraction.ner_veto and c.extraction.ner_veto_training), None)
-    meta_file = Path(ex.ner_veto or "") / META_FILE if ex else None
-    if ex is None or meta_file is None or not meta_file.is_file():
-        return ""
-    meta = json.loads(meta_file.read_text())
-    t = meta.get("trained_on", {})
-    numerics = t.get("numerics", "native")
-    numerics = "native numerics" if numerics == "native" else f"pinned numerics ({numerics})"
-    text = (f" This run's veto tagger ({ex.ner_veto}) trained on {numerics}, torch's "
-            f"{t.get('torch_cpu_capability', 'unrecorded')} kernels on {t.get('torch_threads', '?')} threads, on "
-            f"{meta.get('cpu') or 'an unrecorded CPU'}: weights sha256 `{meta.get('weights_sha256', '?')[:16]}`")  # fmt: skip
-    same = compare_to_recorded(t.get("key", ""), meta.get("weights_sha256", ""), RECORDED_TAGGER,
-                               "the veto tagger's weights across CPUs")  # fmt: skip
-    text += f", {same}." if same else " (no record of its training in benchmarks/tagger_kernels.py's runs)."
-    try:
-        machines = json.loads(RECORDED_TAGGER.read_text())["machines"]
-    except (OSError, ValueError, KeyError):
-        machines = {}
-    for cpu, m in sorted(machines.items()):
-        red = m.get("reduced", {})
-        pinned = [r["sha256"] for r in red.get("rows", []) if r["numerics"] == "pinned"]
-        native = [r["sha256"] for r in red.get("rows", []) if r["numerics"] == "native"]
-        text += (f" Its reduced training on {cpu}: {len(set(native))} distinct weights over {len(native)} native "
-                 f"runs (threads and kernels set otherwise), {len(set(pinned))} over {len(pinned)} pinned ones")  # fmt: skip
-        for variant in ("native", "pinned"):
-            runs = [e for e in red.get("emulated", []) if e.get("variant", e["numerics"]) == variant]
-            if not any(e.get("model") for e in runs):
-                continue
-            groups: dict[str, list[str]] = {}
-            for e in runs:
-                groups.setdefault(e["sha256"], []).append(e["model"] or "that CPU")
-            text += (f"; a tiny encoder's {variant} training there and under qemu-user's CPU models, grouped by "
-                     "weights: " + " | ".join(", ".join(g) for g in groups.values()))  # fmt: skip
-        text += "."
-    h = ex.ner_veto_training
-    if h is not None and h.numerics == "native":
-        text += (" The cross-validation's fold and inner taggers (`extraction.ner_veto_training`) train on this CPU's "
-                 "native numerics (trained before the pin; pinning them retrains every one): the veto rows below are "
-                 "one set-up's taggers, not a range over set-ups.")  # fmt: skip
-    return text
-
-
 def _also(entries: str) -> list[tuple[str, CtrlgenConfig]]:
     """``--also``: comma-separated entries, each a config path and optional overrides after it ("path k=v k=v")."""
     out = []
@@ -615,6 +565,7 @@ def _spacy_saved_and_decoded(ex: ExtractionConfig) -> str:
 
 
 def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
+    from ctrlgen.extract.ner_setup import veto_numerics
     from ctrlgen.extract.report import extraction_report, ner_label
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else []
@@ -644,7 +595,9 @@ def cmd_extract_report(cfg: CtrlgenConfig, args: argparse.Namespace) -> int:
         architecture=_ner_architecture(cfg),
         ner_label=ner_label(ex),
         veto=_veto_text(cfg),
-        veto_numerics=_veto_numerics([cfg, *also]),
+        veto_numerics=veto_numerics(
+            next((c.extraction for c in (cfg, *also) if c.extraction.ner_veto and c.extraction.ner_veto_training), None)
+        ),
         also_engines="".join(
             f"- **ctrlgen ({ner_label(o.extraction)})** (`--also {path.strip()}`): the same engine with "
             f"{_ner_architecture(o)} ({o.extraction.ner_training.epochs} epochs, seed {o.extraction.ner_training.seed}, "

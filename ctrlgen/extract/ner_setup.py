@@ -15,10 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ctrlgen.config import CtrlgenConfig
+from ctrlgen.config import CtrlgenConfig, ExtractionConfig
 from ctrlgen.errors import CtrlgenError
 
-__all__ = ["compare_to_recorded", "cv_range", "cv_row", "ensure_ner_model", "set_up_spread", "train_configured_ner"]
+__all__ = [
+    "compare_to_recorded", "cv_range", "cv_row", "ensure_ner_model", "recorded_machines", "set_up_spread",
+    "train_configured_ner", "veto_numerics", "weight_groups",
+]  # fmt: skip
 
 
 def _log(msg: str) -> None:
@@ -80,15 +83,32 @@ RECORDED = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "ner_ke
 RECORDED_TAGGER = RECORDED.with_name("tagger_kernels.json")
 
 
-def compare_to_recorded(key: str, sha256: str, recorded: Path = RECORDED,
-                        section: str = "the clinical NER's weights across CPUs") -> str:
-    """Whether a model just trained has the weights recorded for the same training (its cache ``key``) on other
-    CPUs by benchmarks/ner_kernels.py (a tagger: benchmarks/tagger_kernels.py, ``recorded``; ``section``: where
-    docs/benchmarks.md shows them): "" when none is recorded for that key."""
+def recorded_machines(recorded: Path) -> dict[str, Any]:
+    """A kernels benchmark's record (benchmarks/ner_kernels.py or tagger_kernels.py): its entry per CPU, {} when
+    there is none (an installed package, or a file that does not parse)."""
     try:
         machines = json.loads(recorded.read_text())["machines"]
     except (OSError, ValueError, KeyError):
-        return ""
+        return {}
+    return machines if isinstance(machines, dict) else {}
+
+
+def weight_groups(rows: list[dict[str, Any]], name: Callable[[dict[str, Any]], str]) -> dict[str, list[str]]:
+    """Runs grouped by the weights they trained: each ``sha256`` (first seen first) and its runs' names."""
+    by: dict[str, list[str]] = {}
+    for r in rows:
+        by.setdefault(r["sha256"], []).append(name(r))
+    return by
+
+
+def compare_to_recorded(key: str, sha256: str, recorded: Path = RECORDED,
+                        section: str = "the clinical NER's weights across CPUs",
+                        machines: dict[str, Any] | None = None) -> str:
+    """Whether a model just trained has the weights recorded for the same training (its cache ``key``) on other
+    CPUs by benchmarks/ner_kernels.py (a tagger: benchmarks/tagger_kernels.py, ``recorded``; ``section``: where
+    docs/benchmarks.md shows them; ``machines``: that file's entries when already read): "" when none is recorded
+    for that key."""
+    machines = recorded_machines(recorded) if machines is None else machines
     same: list[str] = []
     other: list[str] = []
     for cpu, m in machines.items():
@@ -141,11 +161,7 @@ def set_up_spread(key: str, fold_hashes: list[str], recorded: Path = RECORDED) -
     """Markdown: the configured engine's patient-level CV on each CPU's own fold NERs, as benchmarks/ner_kernels.py
     ``--cv`` recorded it for the training of cache ``key``, with the range over those CPUs and which CPU's fold
     NERs ``fold_hashes`` (this run's) are; "" when no CPU's CV is recorded for that training."""
-    try:
-        machines = json.loads(recorded.read_text())["machines"]
-    except (OSError, ValueError, KeyError):
-        return ""
-    rows = {cpu: m["cv"] for cpu, m in machines.items()
+    rows = {cpu: m["cv"] for cpu, m in recorded_machines(recorded).items()
             if m.get("cv") and m.get("configured", {}).get("key") == key}  # fmt: skip
     if not rows:
         return ""
@@ -165,6 +181,48 @@ def set_up_spread(key: str, fold_hashes: list[str], recorded: Path = RECORDED) -
         + (f"those recorded on {', '.join(same)}." if same else "none of those recorded (another CPU).")
         + "\n"
     )  # fmt: skip
+
+
+def veto_numerics(ex: ExtractionConfig | None, recorded: Path = RECORDED_TAGGER) -> str:
+    """The extraction report head's sentences on the numerics of the veto engine ``ex``'s taggers: the configured
+    tagger's (its metadata), what benchmarks/tagger_kernels.py recorded for its training (``recorded``), the fold
+    taggers'; "" without a veto or with an untrained one."""
+    from ctrlgen.extract.ner import META_FILE
+
+    meta_file = Path(ex.ner_veto) / META_FILE if ex is not None and ex.ner_veto else None
+    if ex is None or meta_file is None or not meta_file.is_file():
+        return ""
+    meta = json.loads(meta_file.read_text())
+    t = meta.get("trained_on", {})
+    numerics = t.get("numerics", "native")
+    numerics = "native numerics" if numerics == "native" else f"pinned numerics ({numerics})"
+    text = (f" This run's veto tagger ({ex.ner_veto}) trained on {numerics}, torch's "
+            f"{t.get('torch_cpu_capability', 'unrecorded')} kernels on {t.get('torch_threads', '?')} threads, on "
+            f"{meta.get('cpu') or 'an unrecorded CPU'}: weights sha256 `{meta.get('weights_sha256', '?')[:16]}`")  # fmt: skip
+    machines = recorded_machines(recorded)
+    same = compare_to_recorded(t.get("key", ""), meta.get("weights_sha256", ""), recorded,
+                               "the veto tagger's weights across CPUs", machines)  # fmt: skip
+    text += f", {same}." if same else " (no record of its training in benchmarks/tagger_kernels.py's runs)."
+    for cpu, m in sorted(machines.items()):
+        red = m.get("reduced", {})
+        pinned = [r["sha256"] for r in red.get("rows", []) if r["numerics"] == "pinned"]
+        native = [r["sha256"] for r in red.get("rows", []) if r["numerics"] == "native"]
+        text += (f" Its reduced training on {cpu}: {len(set(native))} distinct weights over {len(native)} native "
+                 f"runs (threads and kernels set otherwise), {len(set(pinned))} over {len(pinned)} pinned ones")  # fmt: skip
+        for variant in ("native", "pinned"):
+            runs = [e for e in red.get("emulated", []) if e.get("variant", e["numerics"]) == variant]
+            if not any(e.get("model") for e in runs):
+                continue
+            groups = weight_groups(runs, lambda e: e["model"] or "that CPU")
+            text += (f"; a tiny encoder's {variant} training there and under qemu-user's CPU models, grouped by "
+                     "weights: " + " | ".join(", ".join(g) for g in groups.values()))  # fmt: skip
+        text += "."
+    h = ex.ner_veto_training
+    if h is not None and h.numerics == "native":
+        text += (" The cross-validation's fold and inner taggers (`extraction.ner_veto_training`) train on this CPU's "
+                 "native numerics (trained before the pin; pinning them retrains every one): the veto rows below are "
+                 "one set-up's taggers, not a range over set-ups.")  # fmt: skip
+    return text
 
 
 def cv_row(cpu: str, c: dict[str, Any], *cells: str) -> str:

@@ -462,12 +462,8 @@ def test_the_report_lists_the_bars_each_fold_chose_and_says_so_in_its_head() -> 
     assert "only each span's word pieces and 16 pieces each side" in _veto_text(CtrlgenConfig(extraction=local))
 
 
-def test_the_report_head_says_on_which_numerics_the_veto_taggers_trained_and_what_was_recorded(
-    tmp_path, monkeypatch
-) -> None:
-    from ctrlgen.cli import _veto_numerics
-    from ctrlgen.config import CtrlgenConfig
-    from ctrlgen.extract import ner_setup
+def test_the_report_head_says_on_which_numerics_the_veto_taggers_trained_and_what_was_recorded(tmp_path) -> None:
+    from ctrlgen.extract.ner_setup import veto_numerics
 
     veto = tmp_path / "tagger"
     veto.mkdir()
@@ -483,9 +479,8 @@ def test_the_report_head_says_on_which_numerics_the_veto_taggers_trained_and_wha
                            "CPU B": {"configured": {"key": "k-1", "sha256": "cd" * 32}}}}  # fmt: skip
     recorded = tmp_path / "tagger_kernels.json"
     recorded.write_text(json.dumps(record))
-    monkeypatch.setattr(ner_setup, "RECORDED_TAGGER", recorded)
     ex = ExtractionConfig(setting="unknown", ner_veto=str(veto), ner_veto_training=NerTrainingConfig(kind="transformer"))
-    text = _veto_numerics([CtrlgenConfig(), CtrlgenConfig(extraction=ex)])
+    text = veto_numerics(ex, recorded)
     assert "trained on pinned numerics (torch avx2, mkl cbwr avx2, 2 threads), torch's AVX2 kernels on 2 threads" in text
     assert f"`{'ab' * 8}`" in text and "the weights recorded on CPU A" in text and "NOT the weights recorded on CPU B" in text
     assert "2 distinct weights over 3 native runs (threads and kernels set otherwise), 1 over 3 pinned ones" in text
@@ -494,11 +489,11 @@ def test_the_report_head_says_on_which_numerics_the_veto_taggers_trained_and_wha
            "weights: that CPU, Haswell-v4." in text  # fmt: skip
     assert "fold and inner taggers" in text and "not a range over set-ups" in text  # their training is native
     pinned_folds = ex.model_copy(update={"ner_veto_training": NerTrainingConfig(kind="transformer", numerics="pinned")})
-    assert "fold and inner taggers" not in _veto_numerics([CtrlgenConfig(extraction=pinned_folds)])
+    assert "fold and inner taggers" not in veto_numerics(pinned_folds, recorded)
     # no veto, or an untrained one: nothing to say
-    assert _veto_numerics([CtrlgenConfig()]) == ""
+    assert veto_numerics(None, recorded) == "" and veto_numerics(ExtractionConfig(), recorded) == ""
     untrained = ex.model_copy(update={"ner_veto": str(tmp_path / "none")})
-    assert _veto_numerics([CtrlgenConfig(extraction=untrained)]) == ""
+    assert veto_numerics(untrained, recorded) == ""
 
 
 @pytest.mark.parametrize("seed", range(5))
