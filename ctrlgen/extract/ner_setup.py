@@ -222,6 +222,10 @@ def veto_numerics(ex: ExtractionConfig | None, recorded: Path = RECORDED_TAGGER)
         text += (" The cross-validation's fold and inner taggers (`extraction.ner_veto_training`) train on this CPU's "
                  "native numerics (trained before the pin; pinning them retrains every one): the veto rows below are "
                  "one set-up's taggers, not a range over set-ups.")  # fmt: skip
+    elif h is not None:
+        same = "the same pinned" if t.get("numerics", "native") != "native" else "pinned"
+        text += (" The cross-validation's fold and inner taggers (`extraction.ner_veto_training`) train on "
+                 f"{same} numerics.")  # fmt: skip
     return text
 
 

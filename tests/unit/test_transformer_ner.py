@@ -489,7 +489,12 @@ def test_the_report_head_says_on_which_numerics_the_veto_taggers_trained_and_wha
            "weights: that CPU, Haswell-v4." in text  # fmt: skip
     assert "fold and inner taggers" in text and "not a range over set-ups" in text  # their training is native
     pinned_folds = ex.model_copy(update={"ner_veto_training": NerTrainingConfig(kind="transformer", numerics="pinned")})
-    assert "fold and inner taggers" not in veto_numerics(pinned_folds, recorded)
+    said = veto_numerics(pinned_folds, recorded)
+    assert "not a range" not in said and "inner taggers (`extraction.ner_veto_training`) train on the same pinned" in said
+    # a native veto tagger beside pinned fold taggers: pinned, not "the same"
+    (veto / META_FILE).write_text(json.dumps({"weights_sha256": "ab" * 32, "trained_on": {"numerics": "native"}}))
+    said = veto_numerics(pinned_folds, recorded)
+    assert "trained on native numerics" in said and "taggers (`extraction.ner_veto_training`) train on pinned numerics." in said
     # no veto, or an untrained one: nothing to say
     assert veto_numerics(None, recorded) == "" and veto_numerics(ExtractionConfig(), recorded) == ""
     untrained = ex.model_copy(update={"ner_veto": str(tmp_path / "none")})
