@@ -194,8 +194,8 @@ def veto_numerics(ex: ExtractionConfig | None, recorded: Path = RECORDED_TAGGER)
         return ""
     meta = json.loads(meta_file.read_text())
     t = meta.get("trained_on", {})
-    numerics = t.get("numerics", "native")
-    numerics = "native numerics" if numerics == "native" else f"pinned numerics ({numerics})"
+    trained = t.get("numerics", "native")  # "native", or the pinned numerics' description
+    numerics = "native numerics" if trained == "native" else f"pinned numerics ({trained})"
     text = (f" This run's veto tagger ({ex.ner_veto}) trained on {numerics}, torch's "
             f"{t.get('torch_cpu_capability', 'unrecorded')} kernels on {t.get('torch_threads', '?')} threads, on "
             f"{meta.get('cpu') or 'an unrecorded CPU'}: weights sha256 `{meta.get('weights_sha256', '?')[:16]}`")  # fmt: skip
@@ -218,14 +218,11 @@ def veto_numerics(ex: ExtractionConfig | None, recorded: Path = RECORDED_TAGGER)
                      "weights: " + " | ".join(", ".join(g) for g in groups.values()))  # fmt: skip
         text += "."
     h = ex.ner_veto_training
-    if h is not None and h.numerics == "native":
-        text += (" The cross-validation's fold and inner taggers (`extraction.ner_veto_training`) train on this CPU's "
-                 "native numerics (trained before the pin; pinning them retrains every one): the veto rows below are "
-                 "one set-up's taggers, not a range over set-ups.")  # fmt: skip
-    elif h is not None:
-        same = "the same pinned" if t.get("numerics", "native") != "native" else "pinned"
-        text += (" The cross-validation's fold and inner taggers (`extraction.ner_veto_training`) train on "
-                 f"{same} numerics.")  # fmt: skip
+    if h is not None:
+        text += " The cross-validation's fold and inner taggers (`extraction.ner_veto_training`) train on " + (
+            "this CPU's native numerics (trained before the pin; pinning them retrains every one): the veto rows "
+            "below are one set-up's taggers, not a range over set-ups." if h.numerics == "native"
+            else f"{'pinned' if trained == 'native' else 'the same pinned'} numerics.")  # fmt: skip
     return text
 
 
