@@ -27,6 +27,7 @@ ORDER: list[tuple[str, list[str]]] = [
                     "Entity extraction: the transformer span filter, inner taggers trained for the outer tagger's steps",
                     "Entity extraction: the transformer tagger's stall check",
                     "Entity extraction: the veto tagger's training (length, seed, surrogates) and two-tagger ensembles",
+                    "Entity extraction: the transformer tagger with its word embeddings frozen",
                     "Entity extraction: the veto on its spans' neighbourhoods",
                     "Entity extraction: the spaCy NER's capacity and training",
                     "Entity extraction: the spaCy NER decoded by beam search",

@@ -494,6 +494,7 @@ def _ner_architecture(cfg: CtrlgenConfig) -> str:
         return (f"the {h.encoder} encoder fine-tuned as a BIO token classifier (windows of {h.max_length} word pieces "
                 f"overlapping by {h.stride}, learning rate {h.learning_rate:g}, batches of {h.batch_size} windows"
                 + (", word-shape embeddings added to the uncased pieces" if h.case_features else "")
+                + (", the word-piece embeddings frozen as pretrained" if h.freeze_word_embeddings else "")
                 + (", under bf16 autocast" if h.bf16 else "")
                 + (f"; a training that finds under {h.min_fit_recall:.0%} of the gold spans of {h.fit_sample} of its "
                    f"own training notes stalled and runs again from the next seed, up to {h.fit_retries} times"

@@ -274,6 +274,13 @@ class NerTrainingConfig(_Model):
         "written (lower, Title, UPPER, a capital, digits, other) to its input embedding: the MiniLM encoder is "
         "uncased and sees no capitals otherwise.",
     )
+    freeze_word_embeddings: bool = Field(
+        False,
+        description="kind transformer: keep the encoder's word-piece embeddings as pretrained (no update): a piece "
+        "the training notes never showed (a patient's unseen name) then reads as the pieces they did show do, not "
+        "as an embedding the fine-tuning left behind (docs/benchmarks.md, the transformer tagger with its word "
+        "embeddings frozen).",
+    )
     bf16: bool = Field(
         False,
         description="kind transformer: run the forward and backward passes under bf16 autocast (weights, gradients "

@@ -80,13 +80,15 @@ def ner_model_dir(cache: Path, docs: Sequence[Document], how: NerTrainingConfig,
     skip = {"folds", "workers", "data"} | ({"width", "depth"} if how.width is None else set())
     if how.kind == "spacy":  # a spaCy NER keeps the key it had before the transformer's settings existed
         skip |= {"kind", "encoder", "learning_rate", "batch_size", "max_length", "stride", "case_features", "bf16",
-                 "min_fit_recall", "fit_retries", "fit_sample", "numerics"}
+                 "min_fit_recall", "fit_retries", "fit_sample", "numerics", "freeze_word_embeddings"}
     else:
         skip |= {"dropout", "width", "depth", "average_params"}
         if not how.case_features:  # a tagger without them keeps the key it had before they existed
             skip.add("case_features")
         if not how.bf16:  # nor does a float32 training change its key
             skip.add("bf16")
+        if not how.freeze_word_embeddings:  # nor one that fine-tunes every weight (all before the setting)
+            skip.add("freeze_word_embeddings")
         if how.min_fit_recall == 0:  # nor one without the stall check (what was trained before it existed)
             skip |= {"min_fit_recall", "fit_retries", "fit_sample"}
         if how.numerics == "native":  # nor one on this CPU's own kernels (what was trained before the pin)
@@ -110,7 +112,7 @@ def _train(job: TrainJob) -> NerTrainResult:
             job.docs, job.out, h.encoder, h.epochs, h.seed, h.learning_rate, h.batch_size, h.max_length, h.stride,
             h.negatives, pools, h.augment_share, job.trained_on,
             log=lambda m: print(f"train-ner [{tag}]: {m}", file=sys.stderr, flush=True), threads=job.threads,
-            case_features=h.case_features, bf16=h.bf16, min_fit_recall=h.min_fit_recall, fit_retries=h.fit_retries,
+            case_features=h.case_features, freeze_word_embeddings=h.freeze_word_embeddings, bf16=h.bf16, min_fit_recall=h.min_fit_recall, fit_retries=h.fit_retries,
             fit_sample=h.fit_sample, numerics=h.numerics,
         )  # fmt: skip
     return train_ner(job.docs, job.out, job.base_model, h.epochs, h.seed, h.dropout, h.negatives, pools,

@@ -603,6 +603,7 @@ def train_transformer_ner(
     fit_retries: int = 0,
     fit_sample: int = 64,
     numerics: str = "native",
+    freeze_word_embeddings: bool = False,
 ) -> NerTrainResult:
     """Fine-tune ``encoder`` for BIO tagging of ``docs``' entities; save the checkpoint to ``out_dir``.
 
@@ -610,6 +611,7 @@ def train_transformer_ner(
     seeded ``negatives`` share of those without; its windows are shuffled into batches of ``batch_size``.
     AdamW, the learning rate warmed up over the first 10% of the updates and decayed linearly to zero,
     gradients clipped at norm 1. ``case_features``: a word-shape embedding (:func:`case_ids`) trained with it.
+    ``freeze_word_embeddings``: the encoder's word-piece embeddings stay as pretrained (every other weight trains).
     ``bf16``: the forward pass (and so the backward one) under bf16 autocast; the weights, their gradients and the
     optimizer's state stay float32.
 
@@ -664,6 +666,8 @@ def train_transformer_ner(
                     batch_size=batch_size, max_length=max_length, stride=stride, negatives=negatives,
                     augment_share=augment_share if surrogates else 0.0, case_features=case_features,
                     bf16_autocast=bf16)  # fmt: skip
+    if freeze_word_embeddings:  # recorded only when set: the metadata of every earlier tagger stays as it was
+        settings["freeze_word_embeddings"] = True
     out = Path(out_dir)
     # the metadata marks a finished (and checked) training, which crossval.train_cached takes as cached: none is
     # left from an earlier training of this directory, and none is written before the check passes
@@ -674,7 +678,7 @@ def train_transformer_ner(
         s = seed + attempt
         model, case, losses, updates = _fit(
             base, tokenizer, pos, neg, s, epochs, learning_rate, batch_size, max_length, stride, negatives,
-            surrogates, augment_share, case_features, bf16, say, t0,
+            surrogates, augment_share, case_features, bf16, say, t0, freeze_word_embeddings,
         )  # fmt: skip
         _save(out, model, tokenizer, case)
         info = dict(settings, updates=updates, torch_threads=torch.get_num_threads(), torch_cpu_capability=capability,
@@ -748,6 +752,7 @@ def _fit(
     bf16: bool,
     say: Callable[[str], None],
     t0: float,
+    freeze_word_embeddings: bool = False,
 ) -> tuple[Any, Any, list[float], int]:
     """One training from ``seed``: (the model, its case embedding or None, the loss of each epoch, the updates)."""
     import torch
@@ -776,7 +781,9 @@ def _fit(
         rng.shuffle(rows)
         plan.append(rows)
     updates = sum(math.ceil(len(rows) / batch_size) for rows in plan)
-    params = list(model.parameters()) + (list(case.parameters()) if case is not None else [])
+    if freeze_word_embeddings:
+        model.get_input_embeddings().weight.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad] + (list(case.parameters()) if case is not None else [])
     opt, sched = optimizer(params, learning_rate, updates)
     pad = tokenizer.pad_token_id or 0
     model.train()

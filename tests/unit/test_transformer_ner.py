@@ -211,6 +211,22 @@ def test_case_features_are_trained_saved_and_read_by_the_tagger(tmp_path, tiny_e
     assert plain.case is None and plain.piece_logprobs([text])[0][1].equal(plain.piece_logprobs([text.lower()])[0][1])
 
 
+def test_frozen_word_embeddings_stay_as_pretrained_while_the_rest_trains(tmp_path, tiny_encoder) -> None:
+    from safetensors.torch import load_file
+
+    out = tmp_path / "frozen"
+    res = train_transformer_ner(_notes(), out, tiny_encoder, epochs=6, seed=0, learning_rate=3e-3, batch_size=4,
+                                max_length=64, stride=8, negatives=1.0, log=lambda m: None, threads=1,
+                                freeze_word_embeddings=True)  # fmt: skip
+    assert res.losses[-1] < res.losses[0], res.losses
+    assert json.loads((out / META_FILE).read_text())["trained_on"]["freeze_word_embeddings"] is True
+    before, after = load_file(str(Path(tiny_encoder) / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    name = next(k for k in after if k.endswith("word_embeddings.weight"))
+    assert after[name].equal(before[next(k for k in before if k.endswith("word_embeddings.weight"))])
+    moved = [k for k in after if k.endswith("position_embeddings.weight")]
+    assert moved and not after[moved[0]].equal(before[next(k for k in before if k.endswith(moved[0].split(".", 1)[1]))])
+
+
 def test_training_is_seeded(tmp_path, tiny_encoder) -> None:
     kw = dict(
         epochs=2, seed=3, learning_rate=1e-3, batch_size=4, max_length=64, stride=8, log=lambda m: None, threads=1
@@ -310,6 +326,10 @@ def test_cache_keys_of_the_two_kinds() -> None:
     )
     cased = t.model_copy(update={"case_features": True})
     assert ner_model_dir(Path("c"), docs, cased, "m", "n") != ner_model_dir(Path("c"), docs, t, "m", "n")
+    # frozen word embeddings: another tagger, its own key; a spaCy NER's does not move with the setting
+    frozen = t.model_copy(update={"freeze_word_embeddings": True})
+    assert ner_model_dir(Path("c"), docs, frozen, "m", "n") != ner_model_dir(Path("c"), docs, t, "m", "n")
+    assert ner_model_dir(Path("c"), docs, NerTrainingConfig(freeze_word_embeddings=True), "m", "n") == spacy_a
     # bf16 training: its own key; a float32 one keeps the key it had before the setting existed
     assert ner_model_dir(Path("c"), docs, NerTrainingConfig(bf16=True), "m", "n") == spacy_a
     half = t.model_copy(update={"bf16": True})
@@ -324,7 +344,7 @@ def test_cache_keys_of_the_two_kinds() -> None:
     assert unchecked == ner_model_dir(Path("c"), docs, lax, "m", "n")
     before = [sorted(d.doc_id for d in docs), t.model_dump(exclude={"folds", "workers", "data", "dropout", "width",
               "depth", "average_params", "case_features", "bf16", "min_fit_recall", "fit_retries", "fit_sample",
-              "numerics"}), "m"]
+              "numerics", "freeze_word_embeddings"}), "m"]
     assert unchecked.name == "n-" + hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:12]
     with pytest.raises(ValueError, match="stride"):
         NerTrainingConfig(kind="transformer", max_length=32, stride=30)
@@ -334,7 +354,8 @@ def test_cache_keys_of_the_two_kinds() -> None:
     assert ner_model_dir(Path("c"), docs, pinned, "m", "n") != ner_model_dir(Path("c"), docs, t, "m", "n")
     assert ner_model_dir(Path("c"), docs, NerTrainingConfig(numerics="pinned"), "m", "n") == spacy_a
     before = [sorted(d.doc_id for d in docs), t.model_dump(exclude={"folds", "workers", "data", "dropout", "width",
-              "depth", "average_params", "case_features", "bf16", "numerics"}), "m"]  # fmt: skip
+              "depth", "average_params", "case_features", "bf16", "numerics", "freeze_word_embeddings"}),
+              "m"]  # fmt: skip
     assert ner_model_dir(Path("c"), docs, t, "m", "n").name == (
         "n-" + hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:12]
     )
