@@ -39,8 +39,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 from _report import cpu_name, publish  # noqa: E402
-from ner_threshold import PHYSIONET, provenance  # noqa: E402
-from ner_veto_members import SECOND_PASS, _cell, _objective, _objective_name, _pool, score_fold  # noqa: E402
+from ner_threshold import provenance  # noqa: E402
+from ner_veto_members import (  # noqa: E402
+    SECOND_PASS,
+    _cell,
+    _objective,
+    _objective_name,
+    _pool,
+    score_fold,
+    veto_fold_models,
+)
 
 CONFIG = "configs/extract_physionet_veto.yaml"
 JSON = ROOT / "docs" / "benchmarks" / "ner_frozen_embeddings.json"
@@ -52,22 +60,12 @@ RULE = "fixed at 00:15 UTC on 2026-12-07, before any such tagger was trained"
 
 
 def measure(folds: list[int], earlier: dict[str, Any] | None) -> dict[str, Any]:
-    from ctrlgen.config import PhysionetCorpusConfig, load_config
-    from ctrlgen.corpora import load_corpus
-    from ctrlgen.extract.crossval import _fold_jobs, train_cached, veto_training
+    from ctrlgen.extract.crossval import train_cached
     from ctrlgen.extract.presidio import PresidioExtractor
-    from ctrlgen.extract.report import NER_CACHE
     from ctrlgen.extract.transformer_ner import TransformerTagger
 
-    docs = load_corpus(PhysionetCorpusConfig(path=str(PHYSIONET), identifiers="direct+quasi"))[0]
-    base = load_config(str(ROOT / CONFIG))
-    ex = base.extraction.model_copy(update={"setting": "unknown"})
-    k, cache, spacy = ex.ner_training.folds, ROOT / NER_CACHE, base.nlp.spacy_model
-    ner_jobs = _fold_jobs(docs, k, ex, cache, spacy, "physionet-deid")
-    taggers = {}
-    for name, overrides in MEMBERS:
-        e = load_config(str(ROOT / CONFIG), list(overrides)).extraction.model_copy(update={"setting": "unknown"})
-        taggers[name] = [j for j, _, _ in _fold_jobs(docs, k, e, cache, spacy, "physionet-deid", how=veto_training(e))]
+    base, ex, ner_jobs, taggers = veto_fold_models(CONFIG, MEMBERS, train=False)
+    k, spacy = ex.ner_training.folds, base.nlp.spacy_model
     rows = {f["fold"]: f for f in (earlier or {}).get("folds", [])}
     result: dict[str, Any] = {}
     for fold in folds:

@@ -136,11 +136,12 @@ def score_fold(
 
 
 def veto_fold_models(
-    config: str, members: Sequence[tuple[str, Sequence[str]]]
+    config: str, members: Sequence[tuple[str, Sequence[str]]], train: bool = True
 ) -> tuple[Any, Any, list[Any], dict[str, list[Any]]]:
     """``config``'s engine on its PhysioNet patient folds: (the config, its extraction config in the unknown setting,
     each fold's (spaCy NER job, patients, held-out notes), each member's fold veto tagger jobs by name; a member is
-    (name, overrides of the config)). Every model is trained when missing (``ctrlgen extract-report``'s cache keys)."""
+    (name, overrides of the config)). With ``train``, every model is trained when missing (``ctrlgen
+    extract-report``'s cache keys); without, the caller trains the jobs it needs (``crossval.train_cached``)."""
     from ctrlgen.config import PhysionetCorpusConfig, load_config
     from ctrlgen.corpora import load_corpus
     from ctrlgen.extract.crossval import _fold_jobs, train_cached, veto_training
@@ -155,7 +156,8 @@ def veto_fold_models(
     for name, overrides in members:
         e = load_config(str(ROOT / config), list(overrides)).extraction.model_copy(update={"setting": "unknown"})
         taggers[name] = [j for j, _, _ in _fold_jobs(docs, k, e, cache, spacy, "physionet-deid", how=veto_training(e))]
-    train_cached([j for j, _, _ in folds] + [j for jobs in taggers.values() for j in jobs], ex.ner_training.workers)
+    if train:
+        train_cached([j for j, _, _ in folds] + [j for jobs in taggers.values() for j in jobs], ex.ner_training.workers)
     return base, ex, folds, taggers
 
 
