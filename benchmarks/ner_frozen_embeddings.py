@@ -61,6 +61,7 @@ RULE = "fixed at 00:15 UTC on 2026-12-07, before any such tagger was trained"
 
 def measure(folds: list[int], earlier: dict[str, Any] | None) -> dict[str, Any]:
     from ctrlgen.extract.crossval import train_cached
+    from ctrlgen.extract.ner import META_FILE
     from ctrlgen.extract.presidio import PresidioExtractor
     from ctrlgen.extract.transformer_ner import TransformerTagger
 
@@ -78,11 +79,11 @@ def measure(folds: list[int], earlier: dict[str, Any] | None) -> dict[str, Any]:
                                     "ner_union_p_outside": SECOND_PASS, "ner_veto_context": None})  # fmt: skip
         pe = PresidioExtractor(run, spacy, identifiers="direct+quasi")
         members = {name: TransformerTagger(jobs[i].out, dtype=ex.ner_dtype) for name, jobs in taggers.items()}
-        weights = {name: json.loads((jobs[i].out / "ctrlgen_ner.json").read_text())["weights_sha256"][:16]
+        weights = {name: json.loads((jobs[i].out / META_FILE).read_text())["weights_sha256"][:16]
                    for name, jobs in taggers.items()}  # fmt: skip
         rows[fold] = {"fold": fold, "notes": len(held), "ner": job.out.name, "machine": cpu_name(),
                       "taggers": {name: jobs[i].out.name for name, jobs in taggers.items()}, "weights": weights,
-                      **score_fold(pe, held, members, ex.ner_veto_p_outside, ensembles=())}  # fmt: skip
+                      **score_fold(pe, held, members, ex.ner_veto_p_outside, ensembles=(), alone=True)}  # fmt: skip
         result = {**provenance("ner_frozen_embeddings.py", ["--folds", ",".join(map(str, sorted(rows)))]),
                   "config": CONFIG, "veto_bar": ex.ner_veto_p_outside, "union_bar": SECOND_PASS,
                   "deciding": list(DECIDING),

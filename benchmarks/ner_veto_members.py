@@ -102,21 +102,26 @@ def _counts(gold: Sequence[Any], found: Sequence[Sequence[Any]]) -> dict[str, An
 
 
 def score_fold(
-    pe: Any, held: Sequence[Any], taggers: dict[str, Any], veto: float, ensembles: Sequence[Any] = tuple(ENSEMBLES)
+    pe: Any,
+    held: Sequence[Any],
+    taggers: dict[str, Any],
+    veto: float,
+    ensembles: Sequence[Any] = tuple(ENSEMBLES),
+    alone: bool = False,
 ) -> dict[str, Any]:
     """Fold's held-out notes through the engine ``pe`` (its second pass's NER the first tagger's pipeline) with each
     tagger's and each of ``ensembles``' word pieces: the veto alone and the veto with the second pass, at the
-    config's bars; and each tagger alone (its spans decoded at each piece's most probable tag, no rules and no
-    Presidio: ``ner_alone``)."""
+    config's bars; with ``alone``, each tagger alone as well (its spans decoded at each piece's most probable tag, no
+    rules and no Presidio: ``ner_alone``)."""
     from ctrlgen.extract.transformer_ner import union_spans, veto_spans
     from ctrlgen.schema import Entity
 
     texts = [d.text for d in held]
     engine = pe.engine_spans(texts)
     variants: dict[str, list[Any]] = {name: t.piece_logprobs(texts) for name, t in taggers.items()}
-    alone = {name: _counts(held, [[Entity(a, b, x[a:b], c, "QUASI", "tagger") for a, b, c, _ in t.decode(x, p)]
-                                  for x, p in zip(texts, variants[name], strict=True)])
-             for name, t in taggers.items()}  # fmt: skip
+    by_tagger = {name: _counts(held, [[Entity(a, b, x[a:b], c, "QUASI", "tagger") for a, b, c, _ in t.decode(x, p)]
+                                      for x, p in zip(texts, variants[name], strict=True)])
+                 for name, t in taggers.items() if alone}  # fmt: skip
     for name, (a, b), mode in ensembles:
         variants[name] = [_ensemble(x, y, mode) for x, y in zip(variants[a], variants[b], strict=True)]
     second_ner = pe._union.transformer_tagger  # the second pass decodes the pieces it is primed with
@@ -130,8 +135,8 @@ def score_fold(
             "second_pass": _counts(held, [union_spans(e, s, p, veto, SECOND_PASS)
                                           for e, s, p in zip(engine, second, pieces, strict=True)]),
         }  # fmt: skip
-        if name in alone:
-            out[name]["ner_alone"] = alone[name]
+        if name in by_tagger:
+            out[name]["ner_alone"] = by_tagger[name]
     return out
 
 

@@ -112,8 +112,8 @@ def _train(job: TrainJob) -> NerTrainResult:
             job.docs, job.out, h.encoder, h.epochs, h.seed, h.learning_rate, h.batch_size, h.max_length, h.stride,
             h.negatives, pools, h.augment_share, job.trained_on,
             log=lambda m: print(f"train-ner [{tag}]: {m}", file=sys.stderr, flush=True), threads=job.threads,
-            case_features=h.case_features, freeze_word_embeddings=h.freeze_word_embeddings, bf16=h.bf16, min_fit_recall=h.min_fit_recall, fit_retries=h.fit_retries,
-            fit_sample=h.fit_sample, numerics=h.numerics,
+            case_features=h.case_features, freeze_word_embeddings=h.freeze_word_embeddings, bf16=h.bf16,
+            min_fit_recall=h.min_fit_recall, fit_retries=h.fit_retries, fit_sample=h.fit_sample, numerics=h.numerics,
         )  # fmt: skip
     return train_ner(job.docs, job.out, job.base_model, h.epochs, h.seed, h.dropout, h.negatives, pools,
                      h.augment_share, job.trained_on,
