@@ -221,7 +221,7 @@ def test_frozen_word_embeddings_stay_as_pretrained_while_the_rest_trains(tmp_pat
     assert res.losses[-1] < res.losses[0], res.losses
     assert json.loads((out / META_FILE).read_text())["trained_on"]["freeze_word_embeddings"] is True
     before, after = load_file(str(Path(tiny_encoder) / "model.safetensors")), load_file(str(out / "model.safetensors"))
-    # the saved tagger's keys carry its head's prefix; the encoder's do not
+    # the tagger's file and the encoder's name the same weights under different prefixes
     word, position = "embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight"
     assert _ending(after, word).equal(_ending(before, word))
     assert not _ending(after, position).equal(_ending(before, position))
