@@ -121,7 +121,7 @@ def score_fold(
     variants: dict[str, list[Any]] = {name: t.piece_logprobs(texts) for name, t in taggers.items()}
     by_tagger = {name: _counts(held, [[Entity(a, b, x[a:b], c, "QUASI", "tagger") for a, b, c, _ in t.decode(x, p)]
                                       for x, p in zip(texts, variants[name], strict=True)])
-                 for name, t in taggers.items() if alone}  # fmt: skip
+                 for name, t in taggers.items()} if alone else {}  # fmt: skip
     for name, (a, b), mode in ensembles:
         variants[name] = [_ensemble(x, y, mode) for x, y in zip(variants[a], variants[b], strict=True)]
     second_ner = pe._union.transformer_tagger  # the second pass decodes the pieces it is primed with

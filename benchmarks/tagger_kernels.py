@@ -25,6 +25,7 @@ docs/benchmarks/tagger_kernels.json keeps one entry per CPU (a run on another CP
 
     .venv/bin/python benchmarks/tagger_kernels.py                      # ~5 min on 2 cores (+ the configured tagger)
     .venv/bin/python benchmarks/tagger_kernels.py --emulate Haswell-v4,EPYC-Milan --qemu /path/qemu-x86_64
+    .venv/bin/python benchmarks/tagger_kernels.py --configured-only   # after the tagger's config changed
     .venv/bin/python benchmarks/tagger_kernels.py --render
 
 qemu-user from Debian's package, unpacked without installing: ``apt-get download qemu-user-static && dpkg-deb -x
@@ -263,7 +264,9 @@ def report(r: dict[str, Any]) -> str:
         if conf:
             lines += ["", f"The configured tagger ({conf['source']}; key `{conf['key']}`): weights sha256 "
                       f"`{conf['sha256']}`, numerics {conf['numerics']}, torch {conf['capability']} kernels on "
-                      f"{conf['threads']} threads, {conf['seconds']} s."]  # fmt: skip
+                      f"{conf['threads']} threads, {conf['seconds']} s"
+                      + (f"; recorded {conf['when']} at commit {conf['commit']} (`--configured-only`)."
+                         if "when" in conf else ".")]  # fmt: skip
         lines.append("")
     hashes = {m["configured"]["sha256"] for m in r["machines"].values() if m.get("configured")}
     keys = {m["configured"]["key"] for m in r["machines"].values() if m.get("configured")}
@@ -285,6 +288,9 @@ def main() -> None:
     ap.add_argument("--emulate", default="", help="qemu-user CPU models, comma-separated (e.g. Haswell-v4,EPYC-Milan)")
     ap.add_argument("--qemu", default="qemu-x86_64", help="the qemu-user binary for --emulate")
     ap.add_argument("--no-configured", action="store_true", help="skip the configured tagger's hash")
+    ap.add_argument("--configured-only", action="store_true",
+                    help="record only the configured tagger's hash (after its config changed), keeping this CPU's "
+                    "recorded reduced runs")  # fmt: skip
     ap.add_argument("--render", action="store_true", help="rewrite the docs section from the JSON only")
     args = ap.parse_args()
     if args.render:
@@ -293,6 +299,14 @@ def main() -> None:
     r = json.loads(JSON.read_text()) if JSON.exists() else {"machines": {}}
     c = cpu()
     print(f"CPU: {c['key']} ({c['name']}), torch {c['torch']} native kernels {c['capability']}", flush=True)
+    if args.configured_only:
+        if c["key"] not in r["machines"]:
+            sys.exit(f"no reduced runs recorded on {c['key']}: run without --configured-only first")
+        m = r["machines"][c["key"]]
+        m["configured"] = dict(configured(), when=datetime.now(UTC).strftime("%Y-%m-%d"), commit=_commit())
+        print(f"  configured: {m['configured']['sha256']} ({m['configured']['source']})", flush=True)
+        publish(TITLE, JSON, report, r)  # the reduced runs' command stays the file's command
+        return
     emulate = [m for m in args.emulate.split(",") if m]
     m = {"cpu": c, "when": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": _commit(),
          "reduced": reduced(args.notes, emulate, args.qemu)}  # fmt: skip
