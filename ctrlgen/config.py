@@ -384,7 +384,13 @@ class BarTuningConfig(_Model):
     objective: Literal["targets", "f_beta"] = Field(
         "targets",
         description="targets: the highest min(recall / recall_target, precision / precision_target); f_beta: the "
-        "highest F-beta. A tie goes to the bars that keep more spans, then to the earlier in the lists.",
+        "highest F-beta. A tie is broken by tie_break, then goes to the earlier in the lists.",
+    )
+    tie_break: Literal["more_spans", "leximin"] = Field(
+        "more_spans",
+        description="A tie in the objective goes to: more_spans, the bars that keep more spans; leximin (the targets "
+        "objective), the bars whose other ratio (the higher of recall / recall_target and precision / "
+        "precision_target) is higher, then to more spans.",
     )
     recall_target: float = Field(0.985, gt=0.0, le=1.0, description="The recall the targets objective asks for.")
     precision_target: float = Field(0.85, gt=0.0, le=1.0, description="The precision the targets objective asks for.")

@@ -109,11 +109,13 @@ def _bars_section(engine: str, cv: Any, ner_cfg: ExtractionConfig) -> str:
                     + f" | {100 * sel.chosen[1]:.1f} | {100 * sel.chosen[2]:.1f} | {100 * sel.configured[1]:.1f} | "
                     f"{100 * sel.configured[2]:.1f} |")  # fmt: skip
     bars = ", ".join(f"{b:g}" for b in t.veto_bars)
+    tie = ("a tie to the bars with the higher other ratio, then to more spans"
+           if t.tie_break == "leximin" and t.objective == "targets" else "a tie to the bars that keep more spans")
     unions = f" and ner_union_p_outside from {', '.join(f'{b:g}' for b in t.union_bars)} (every pair)" if union else ""
     return (
         f"\n{engine}: the veto tagger's bars chosen inside each training fold (`extraction.bar_tuning`, "
         f"ctrlgen/extract/rules.py `select_bars`): ner_veto_p_outside from {bars}{unions}, the best {objective} "
-        f"(a tie to the bars that keep more spans) on the held-out notes of {t.validation_folds} of {t.inner_folds} "
+        f"({tie}) on the held-out notes of {t.validation_folds} of {t.inner_folds} "
         f"patient folds of the training fold, each scored by that fold's rules with an NER and a tagger trained on "
         f"the other inner folds ("
         + ("the tagger for about the updates of the fold's own: its epochs times the training fold's notes over "

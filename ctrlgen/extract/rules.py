@@ -187,7 +187,8 @@ def select_bars(
     configured: tuple[float, float | None],
 ) -> BarSelection:
     """Every bar of ``tuning.veto_bars`` (with ``second``: every pair with ``tuning.union_bars``) scored on ``gold``'s
-    notes, and the best by ``tuning.objective``; a tie goes to the bars that keep more spans, then to the earlier.
+    notes, and the best by ``tuning.objective``; a tie goes by ``tuning.tie_break`` (leximin: to the higher other
+    ratio of the targets objective, then more spans; more_spans: to the bars that keep more spans), then to the earlier.
 
     ``first``: the engine's spans before the veto; ``second``: the second pass's (None without one); ``pieces``: the
     tagger's (:meth:`~ctrlgen.extract.presidio.PresidioExtractor.veto_inputs`). ``configured``: the config's bars,
@@ -206,6 +207,13 @@ def select_bars(
     unions: list[float | None] = list(tuning.union_bars) if second is not None else [None]
     pairs = [(v, u) for v in tuning.veto_bars for u in unions]
     results = [scored(v, u) for v, u in pairs]
-    best = max(range(len(pairs)), key=lambda i: (results[i][0][0], results[i][1], -i))
+    def other(i: int) -> float:  # leximin's second term: the ratio that is not the lower one
+        if tuning.tie_break != "leximin" or tuning.objective != "targets":
+            return 0.0
+        _, p, r = results[i][0]
+        p, r = (p if p == p else 0.0), (r if r == r else 0.0)
+        return max(r / tuning.recall_target, p / tuning.precision_target)
+
+    best = max(range(len(pairs)), key=lambda i: (results[i][0][0], other(i), results[i][1], -i))
     veto, union = pairs[best]
     return BarSelection(veto, union, results[best][0], scored(*configured)[0], notes=len(gold), evaluated=len(pairs))
