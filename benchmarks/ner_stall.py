@@ -110,7 +110,8 @@ def fold_bars(config: str, fold: int, docs: Sequence[Any]) -> list[dict[str, Any
         ]
         for name, overrides in CASES:
             case = load_config(str(ROOT / config), overrides).extraction.model_copy(update={"setting": "unknown"})
-            validation = _bar_jobs(job.docs, case, cache, base, "physionet-deid", (i, k))[:1]
+            validation = [(str(n.out), str(t.out), d)
+                          for n, t, d in _bar_jobs(job.docs, case, cache, base, "physionet-deid", (i, k))[:1]]  # fmt: skip
             sel = choose_bars(validation, run.model_copy(update={"bar_tuning": case.bar_tuning}), "direct+quasi", name)
             picks.append((name, sel.veto, sel.union, sel))
         for name, veto, second, sel in picks:

@@ -265,7 +265,8 @@ def cross_validate(
                 update={"ner_veto": vetoes[i], "ner_union_p_outside": extraction.ner_union_p_outside}
             )
         if bar_jobs:  # extraction.bar_tuning: the bars chosen on the training fold's validation notes
-            res.bars.append(choose_bars(bar_jobs[i], run_cfg, identifiers, f"fold {i + 1}/{k}"))
+            validation = [(str(ner.out), str(tagger.out), scored) for ner, tagger, scored in bar_jobs[i]]
+            res.bars.append(choose_bars(validation, run_cfg, identifiers, f"fold {i + 1}/{k}"))
             print(f"[cross-validate] fold {i + 1}/{k} bars: {res.bars[i].text()}", file=sys.stderr, flush=True)
             run_cfg = run_cfg.model_copy(
                 update={"ner_veto_p_outside": res.bars[i].veto, "ner_union_p_outside": res.bars[i].union}
@@ -350,13 +351,15 @@ def _bar_jobs(
 
 
 def choose_bars(
-    validation: Sequence[tuple[TrainJob, TrainJob, Sequence[Document]]],
+    validation: Sequence[tuple[str, str, Sequence[Document]]],
     cfg: ExtractionConfig,
     identifiers: str,
     label: str,
 ) -> BarSelection:
     """:func:`~ctrlgen.extract.rules.select_bars` on validation notes, each scored by the engine of ``cfg`` (its
-    rules) with an NER and a veto tagger that did not see them (``validation``: their jobs and the notes)."""
+    rules) with an NER and a veto tagger that did not see them (``validation``: (NER model directory, veto tagger
+    directory, the notes they score)). In a fold, the inner models' validation notes; over all notes, the outer
+    folds' models (the bars for the engine trained on every note)."""
     import time
 
     from ctrlgen.extract.presidio import PresidioExtractor
@@ -369,7 +372,7 @@ def choose_bars(
     pieces: list[Any] = []
     for ner, tagger, scored in validation:
         ext = PresidioExtractor(
-            cfg.model_copy(update={"ner_model": str(ner.out), "ner_veto": str(tagger.out)}), identifiers=identifiers
+            cfg.model_copy(update={"ner_model": ner, "ner_veto": tagger}), identifiers=identifiers
         )
         for b in range(0, len(scored), cfg.batch_size):  # the job's batches
             texts = [d.text for d in scored[b : b + cfg.batch_size]]

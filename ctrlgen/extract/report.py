@@ -95,8 +95,21 @@ def _cpu_spread(ner_cfg: ExtractionConfig, fold_models: list[str]) -> str:
     return set_up_spread(key, hashes)
 
 
-def _bars_section(engine: str, cv: Any, ner_cfg: ExtractionConfig) -> str:
-    """Markdown: the veto tagger's bars each fold of ``engine`` ran, chosen on that fold's training notes only."""
+def deployed_bars(cv: Any, ner_cfg: ExtractionConfig, rules: Any) -> Any:
+    """The bars the in-fold selection chooses over all notes, each scored by the outer fold's NER and tagger that did
+    not see it, with the rules chosen over all notes (``rules``, a RuleSelection; None: the config's): the bars of
+    the engine whose NER and tagger are trained on every note, the one the unknown setting runs."""
+    from ctrlgen.extract.crossval import choose_bars
+
+    run = ner_cfg if rules is None else rules.cfg.model_copy(
+        update={"ner_veto": ner_cfg.ner_veto, "ner_union_p_outside": ner_cfg.ner_union_p_outside})  # fmt: skip
+    scored = list(zip(cv.models, cv.vetoes, cv.per_fold, strict=True))
+    return choose_bars(scored, run, "direct+quasi", "all notes")
+
+
+def _bars_section(engine: str, cv: Any, ner_cfg: ExtractionConfig, deployed: Any = None) -> str:
+    """Markdown: the veto tagger's bars each fold of ``engine`` ran, chosen on that fold's training notes only, and
+    (``deployed``, a BarSelection) the same choice over all notes."""
     t = ner_cfg.bar_tuning
     union = ner_cfg.ner_union_p_outside is not None
     objective = (f"F{t.beta:g}" if t.objective == "f_beta" else
@@ -125,6 +138,11 @@ def _bars_section(engine: str, cv: Any, ner_cfg: ExtractionConfig) -> str:
         + (f" / {ner_cfg.ner_union_p_outside:g}" if union else "")
         + ") are what `ctrlgen extract` runs, and the in-sample, TAB and ACI-Bench rows.\n\n"
         + "\n".join(rows) + "\n"
+        + ("" if deployed is None else
+           "\nThe same choice over all notes, each scored by the outer fold's NER and tagger that did not see it, "
+           "with the rules chosen over all notes (the bars for the engine whose NER and tagger are trained on every "
+           f"note, the one the unknown setting runs): {deployed.text()}. The deployed engine's config is where this "
+           "all-notes choice belongs.\n")
     )
 
 
@@ -336,16 +354,18 @@ def extraction_report(
                 if i == 0:
                     rules_only(gold, ncfg.min_age, record)
                 extra += _fold_table(engine, cv)
-                if cv.bars:
-                    extra += _bars_section(engine, cv, ncfg)
-                if i == 0:  # the rule selection and the seed spread: the config's own NER only
-                    if cv.rules:
-                        from ctrlgen.extract.crossval import choose_rules
+                deployed = None
+                if cv.rules and (i == 0 or cv.bars):
+                    from ctrlgen.extract.crossval import choose_rules
 
-                        # the deployed engine (the NER trained on every note) gets the rules the same selection
-                        # chooses on all notes, each scored by the outer fold model that did not see it
-                        pairs = list(zip(cv.models, cv.per_fold, strict=True))
-                        deployed = choose_rules(pairs, ncfg, "direct+quasi", "all notes")
+                    # the deployed engine (the NER trained on every note) gets the rules the same selection
+                    # chooses on all notes, each scored by the outer fold model that did not see it
+                    pairs = list(zip(cv.models, cv.per_fold, strict=True))
+                    deployed = choose_rules(pairs, ncfg, "direct+quasi", "all notes")
+                if cv.bars:
+                    extra += _bars_section(engine, cv, ncfg, deployed_bars(cv, ncfg, deployed))
+                if i == 0:  # the rule selection and the seed spread: the config's own NER only
+                    if deployed is not None:
                         extra += _rules_section(cv, ncfg, deployed)
                     if seeds:
                         extra += _seed_spread(gold, ncfg, cv.predicted, seeds, cfg.nlp.spacy_model)

@@ -481,6 +481,10 @@ def test_the_report_lists_the_bars_each_fold_chose_and_says_so_in_its_head() -> 
     assert "| 1 | 40 | 0.999 | 0.5 | 90.0 | 99.0 | 80.0 | 97.0 |" in text
     assert "| 2 | 30 | 0.99 | 0 | 95.0 | 90.0 | 90.0 | 80.0 |" in text
     assert "min(recall / 0.985, precision / 0.85)" in text and "1 of 3 patient folds" in text
+    assert "The same choice over all notes" not in text
+    everywhere = BarSelection(0.9999, 0.1, (1.0, 0.88, 0.98), (0.9, 0.9, 0.97), notes=70, evaluated=78)
+    text = _bars_section("ctrlgen (clinical NER + veto + second pass, 5-fold CV)", cv, ex, everywhere)
+    assert "The same choice over all notes" in text and "ner_veto_p_outside 0.9999, ner_union_p_outside 0.1" in text
     head = _veto_text(CtrlgenConfig(extraction=ex))
     assert "The cross-validation chooses the bars inside each training fold" in head and "config's:" not in head
     assert "ner_veto_context" not in head
@@ -698,6 +702,12 @@ def test_the_cross_validation_chooses_the_bars_on_notes_the_held_out_fold_plays_
         for m in metas:  # trained on the training fold less the validation notes: never on the held-out fold
             assert not set(m["held_out_patients"]) & set(fold)
             assert m["train_documents"] + sel.notes == sum(patients[d.doc_id] not in fold for d in notes)
+    # over all notes (the deployed engine's bars): each note scored by the outer fold's NER and tagger
+    from ctrlgen.extract.report import deployed_bars
+
+    everywhere = deployed_bars(cv, ex, None)
+    assert (everywhere.notes, everywhere.evaluated) == (len(notes), 4) and everywhere.veto in (1e-6, 1.0)
+    assert everywhere.chosen[0] > 0 and everywhere.configured[::2] == (0.0, 0.0)
     for m, v, g, pred, sel in zip(cv.models, cv.vetoes, cv.per_fold, cv.per_fold_pred, cv.bars, strict=True):
         run = ex.model_copy(update={"ner_model": m, "ner_veto": v, "ner_veto_p_outside": sel.veto,
                                     "ner_union_p_outside": sel.union})  # fmt: skip
