@@ -13,13 +13,16 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctrlgen.config import AciCorpusConfig, CtrlgenConfig, ExtractionConfig, PhysionetCorpusConfig, TabCorpusConfig
 from ctrlgen.corpora import load_corpus
 from ctrlgen.extract.presidio import PresidioExtractor, build_stock_analyzer, results_to_entities
 from ctrlgen.extract.quality import Scores, found_by_label, scores_table, span_scores
 from ctrlgen.schema import Document
+
+if TYPE_CHECKING:
+    from ctrlgen.extract.rules import BarSelection, RuleSelection
 
 __all__ = ["extraction_report"]
 
@@ -95,21 +98,23 @@ def _cpu_spread(ner_cfg: ExtractionConfig, fold_models: list[str]) -> str:
     return set_up_spread(key, hashes)
 
 
-def deployed_bars(cv: Any, ner_cfg: ExtractionConfig, rules: Any) -> Any:
+def deployed_bars(cv: Any, ner_cfg: ExtractionConfig, rules: RuleSelection | None) -> BarSelection:
     """The bars the in-fold selection chooses over all notes, each scored by the outer fold's NER and tagger that did
-    not see it, with the rules chosen over all notes (``rules``, a RuleSelection; None: the config's): the bars of
+    not see it, with the rules chosen over all notes (``rules``; None: the config's): the bars of
     the engine whose NER and tagger are trained on every note, the one the unknown setting runs."""
     from ctrlgen.extract.crossval import choose_bars
 
     run = ner_cfg if rules is None else rules.cfg.model_copy(
         update={"ner_veto": ner_cfg.ner_veto, "ner_union_p_outside": ner_cfg.ner_union_p_outside})  # fmt: skip
     scored = list(zip(cv.models, cv.vetoes, cv.per_fold, strict=True))
-    return choose_bars(scored, run, "direct+quasi", "all notes")
+    sel = choose_bars(scored, run, "direct+quasi", "all notes")
+    print(f"[cross-validate] all notes bars: {sel.text()}", file=sys.stderr, flush=True)
+    return sel
 
 
-def _bars_section(engine: str, cv: Any, ner_cfg: ExtractionConfig, deployed: Any = None) -> str:
+def _bars_section(engine: str, cv: Any, ner_cfg: ExtractionConfig, deployed: BarSelection | None = None) -> str:
     """Markdown: the veto tagger's bars each fold of ``engine`` ran, chosen on that fold's training notes only, and
-    (``deployed``, a BarSelection) the same choice over all notes."""
+    (``deployed``) the same choice over all notes."""
     t = ner_cfg.bar_tuning
     union = ner_cfg.ner_union_p_outside is not None
     objective = (f"F{t.beta:g}" if t.objective == "f_beta" else
