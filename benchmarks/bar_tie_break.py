@@ -94,7 +94,7 @@ def report(r: dict[str, Any]) -> str:
     by = {(run["engine"], run["tie_break"]): run for run in r["runs"]}
     ok = all(by[k, "leximin"]["found"] >= by[k, "more_spans"]["found"]
              and pr(by[k, "leximin"])[1] > pr(by[k, "more_spans"])[1] for k, _, _ in ENGINES)  # fmt: skip
-    verdict = "**adopted**: leximin becomes the default." if ok else ("**not adopted**: more_spans stays the default.")
+    verdict = "**adopted**: leximin becomes the default." if ok else "**not adopted**: more_spans stays the default."
     return (
         f"Command: `{r['command']}` (`--render` rewrites this section from docs/benchmarks/{JSON.name}). Machine: "
         f"{r['machine']}. `{r['config']}`'s two engines by `ctrlgen extract-report`'s patient-level 5-fold CV (the "

@@ -173,9 +173,14 @@ def bar_objective(t: BarTuningConfig, precision: float, recall: float) -> float:
     precision_target (1 or more when both targets are met)."""
     if t.objective == "f_beta":
         return f_beta(precision, recall, t.beta)
+    return min(_target_ratios(t, precision, recall))
+
+
+def _target_ratios(t: BarTuningConfig, precision: float, recall: float) -> tuple[float, float]:
+    """recall / recall_target and precision / precision_target, an undefined (NaN) score counting as 0."""
     p = precision if precision == precision else 0.0
     r = recall if recall == recall else 0.0
-    return min(r / t.recall_target, p / t.precision_target)
+    return r / t.recall_target, p / t.precision_target
 
 
 def select_bars(
@@ -207,12 +212,12 @@ def select_bars(
     unions: list[float | None] = list(tuning.union_bars) if second is not None else [None]
     pairs = [(v, u) for v in tuning.veto_bars for u in unions]
     results = [scored(v, u) for v, u in pairs]
+
     def other(i: int) -> float:  # leximin's second term: the ratio that is not the lower one
         if tuning.tie_break != "leximin" or tuning.objective != "targets":
             return 0.0
         _, p, r = results[i][0]
-        p, r = (p if p == p else 0.0), (r if r == r else 0.0)
-        return max(r / tuning.recall_target, p / tuning.precision_target)
+        return max(_target_ratios(tuning, p, r))
 
     best = max(range(len(pairs)), key=lambda i: (results[i][0][0], other(i), results[i][1], -i))
     veto, union = pairs[best]

@@ -752,7 +752,7 @@ def test_select_bars_takes_the_best_bars_by_the_objective_and_ties_to_more_spans
     # leximin: the same tie goes to the higher other ratio (precision / its target: 1.0 at 0.99, 2/3 at 0.9999)
     lexi = lax.model_copy(update={"tie_break": "leximin"})
     assert select_bars(gold, first, None, [(offs, logp)], lexi, (0.9, None)).veto == 0.99
-    # under F-beta leximin has no other ratio: a tie still goes to more spans
+    # under F-beta leximin has no other ratio; both bars keep all 3 spans, so the tie goes to the earlier bar
     fb = lexi.model_copy(update={"objective": "f_beta", "veto_bars": [0.9999, 0.99999]})  # both keep all 3
     assert select_bars(gold, first, None, [(offs, logp)], fb, (0.9, None)).veto == 0.9999
 
