@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,9 @@ TIE_BREAKS = ("more_spans", "leximin")
 RULE = "fixed at 10:56 UTC on 2026-12-07, before any run with leximin"
 
 
-def measure() -> dict[str, Any]:
+def cv_runs(setting: str, values: Sequence[str]) -> list[dict[str, Any]]:
+    """Both engines' patient-level 5-fold CV (``ctrlgen extract-report``'s, on its cached models) with
+    ``extraction.bar_tuning.<setting>`` at each of ``values``: pooled and per-fold found / predicted, the bars."""
     from ctrlgen.config import PhysionetCorpusConfig, load_config
     from ctrlgen.corpora import load_corpus
     from ctrlgen.extract.crossval import cross_validate
@@ -55,10 +58,10 @@ def measure() -> dict[str, Any]:
     docs = load_corpus(PhysionetCorpusConfig(path=str(PHYSIONET), identifiers="direct+quasi"))[0]
     runs: list[dict[str, Any]] = []
     for key, label, overrides in ENGINES:
-        for tie in TIE_BREAKS:
-            cfg = load_config(str(ROOT / CONFIG), [*overrides, f"extraction.bar_tuning.tie_break={tie}"])
+        for value in values:
+            cfg = load_config(str(ROOT / CONFIG), [*overrides, f"extraction.bar_tuning.{setting}={value}"])
             ex = cfg.extraction.model_copy(update={"setting": "unknown"})
-            print(f"[bar_tie_break] {label}, {tie}", file=sys.stderr, flush=True)
+            print(f"[bar choice] {label}, {setting} {value}", file=sys.stderr, flush=True)
             cv = cross_validate(docs, ex, ROOT / NER_CACHE, cfg.nlp.spacy_model)
             pooled = span_scores(docs, cv.predicted)["ALL"]
             folds = []
@@ -67,9 +70,14 @@ def measure() -> dict[str, Any]:
                 folds.append({"fold": i + 1, "veto_bar": sel.veto, "union_bar": sel.union,
                               "validation_precision": sel.chosen[1], "validation_recall": sel.chosen[2],
                               "gold": s.gold, "found": s.detected, "predicted": s.predicted})  # fmt: skip
-            runs.append({"engine": key, "label": label, "tie_break": tie, "gold": pooled.gold,
+            runs.append({"engine": key, "label": label, setting: value, "gold": pooled.gold,
                          "found": pooled.detected, "predicted": pooled.predicted, "correct": pooled.correct,
                          "folds": folds})  # fmt: skip
+    return runs
+
+
+def measure() -> dict[str, Any]:
+    runs = cv_runs("tie_break", TIE_BREAKS)
     return {**provenance("bar_tie_break.py", []), "config": CONFIG, "machine": cpu_name(), "runs": runs}
 
 
